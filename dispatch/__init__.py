@@ -1,0 +1,99 @@
+"""dispatch: one ``torch.compile`` backend, ``auto``, that routes every region of
+every graph to the runtime that runs it best (ONNX Runtime, Inductor, eager, ...).
+
+    import torch
+    model = torch.compile(model, backend="auto")      # works without `import dispatch`
+    print(dispatch.explain(model, x))                  # what ran where, and why
+
+Importing ``dispatch`` is light: routes import their runtimes only when used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    ConfigError,
+    DispatchError,
+    RouteFailedError,
+    RouteUnavailableError,
+    UnsupportedDeviceError,
+    UnsupportedOpError,
+)
+
+if TYPE_CHECKING:
+    from .explain import Explanation
+    from .region import Plan, Region
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "DispatchError",
+    "Explanation",
+    "Plan",
+    "Region",
+    "RouteFailedError",
+    "RouteUnavailableError",
+    "UnsupportedDeviceError",
+    "UnsupportedOpError",
+    "auto",
+    "available_routes",
+    "explain",
+    "plan",
+]
+
+
+def auto(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+    """The ``torch.compile`` backend (entry point ``torch_dynamo_backends: auto``)."""
+    from .backend import auto as backend
+
+    return backend(gm, example_inputs, **kwargs)
+
+
+auto.__name__ = "auto"
+
+
+def plan(gm: Any, example_inputs: Any, **options: Any) -> Plan:
+    """The routing decision for one FX graph without compiling or running it."""
+    from .backend import plan as plan_fn
+
+    return plan_fn(gm, example_inputs, **options)
+
+
+def explain(fn: Any, *args: Any, **kwargs: Any) -> Explanation:
+    """Compile ``fn`` with ``auto``, run it once, and report what ran where."""
+    from .explain import explain as explain_fn
+
+    return explain_fn(fn, *args, **kwargs)
+
+
+def available_routes() -> dict[str, dict[str, Any]]:
+    """Each route: available yes/no, version, and the reason when it is not."""
+    from .routes import registry
+
+    return {route.name: route.available().to_dict() for route in registry}
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Plan", "Region"):
+        from . import region
+
+        return getattr(region, name)
+    if name == "Explanation":
+        from .explain import Explanation
+
+        return Explanation
+    raise AttributeError(f"module 'dispatch' has no attribute {name!r}")
+
+
+def _register() -> None:
+    from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
+
+    # When torch is loading our entry point right now, _BACKENDS holds it and
+    # lookup_backend registers ``auto`` itself; registering here too would clash.
+    if "auto" not in _COMPILER_FNS and _BACKENDS.get("auto") is None:
+        register_backend(compiler_fn=auto, name="auto")
+
+
+_register()

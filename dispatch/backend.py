@@ -1,0 +1,146 @@
+"""The ``auto`` backend: inspect -> partition -> plan -> compile -> stitch.
+
+    model = torch.compile(model, backend="auto", options={"routes": ["onnxrt", "eager"]})
+
+Dynamo hands ``auto`` one FX graph at a time; AOTAutograd lowers it to aten
+(an inference graph, or a forward and a backward graph when gradients are
+needed); each aten graph is planned, split into region submodules and stitched
+back with a ``RegionRunner`` per region. Regions compile on their first call,
+on real inputs.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+from .config import Config
+from .errors import ConfigError, DispatchError
+from .inspect import GRAPH_BACKWARD, GRAPH_FORWARD, GRAPH_INFERENCE
+from .planner import plan_graph
+from .record import recorder
+from .region import Plan
+from .stitch import stitch
+
+
+def auto(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Mapping[str, Any] | None = None,
+    **unexpected: Any,
+) -> Callable[..., Any]:
+    """The ``torch.compile`` backend. ``options`` as in ``torch.compile(..., options=)``."""
+    if unexpected:
+        raise ConfigError(
+            f"backend 'auto' takes only options=; got {sorted(unexpected)} "
+            f"(torch.compile's mode= is for inductor: use options={{'routes': [...]}})"
+        )
+    config = Config.resolve(options)
+    compiler = _GraphCompiler(config, recorder.next_graph_index(), plan_only=False)
+    return compiler.aot(gm, example_inputs)
+
+
+auto.__name__ = "auto"
+
+
+def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any) -> Plan:
+    """The routing decision for one FX graph, without compiling or running anything.
+
+    ``gm`` comes from Dynamo or ``torch.fx.symbolic_trace``; ``example_inputs``
+    may be real or fake tensors on any device (``FakeTensorMode`` makes ``cuda``
+    and ``mps`` tensors on a machine that has neither). Gradients are planned
+    for when grad mode is on and a parameter or input requires grad.
+    """
+    config = Config.resolve(options)
+    compiler = _GraphCompiler(config, 0, plan_only=True)
+    compiler.aot(gm, example_inputs)
+    return Plan(compiler.plans)
+
+
+class _GraphCompiler:
+    """Plans (and, unless ``plan_only``, stitches) the aten graphs of one Dynamo graph."""
+
+    def __init__(self, config: Config, graph_index: int, plan_only: bool) -> None:
+        self.config = config
+        self.graph_index = graph_index
+        self.plan_only = plan_only
+        self.plans: list = []
+        self.direct: torch.fx.GraphModule | None = None
+
+    def aot(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        wrapped = aot_module_simplified(
+            gm,
+            list(example_inputs),
+            fw_compiler=functools.partial(self.compile, kind=GRAPH_FORWARD),
+            bw_compiler=functools.partial(self.compile, kind=GRAPH_BACKWARD),
+            inference_compiler=functools.partial(self.compile, kind=GRAPH_INFERENCE),
+        )
+        direct = self.direct
+        if (
+            direct is not None
+            and not any(True for _ in gm.parameters())
+            and not any(True for _ in gm.buffers())
+            and len(direct.graph.find_nodes(op="placeholder")) == len(example_inputs)
+        ):
+            # AOTAutograd's runtime wrapper has nothing to do for this graph (no
+            # mutation, no alias, no subclass, no autocast): skip its per-call cost.
+            return direct.forward
+        return wrapped
+
+    def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
+        try:
+            graph_plan, split = plan_graph(gm, kind, self.config, self.graph_index)
+        except DispatchError as error:
+            if self.plan_only:
+                raise
+            # Raised at call time: an error raised while Dynamo compiles would reach
+            # the user wrapped in BackendCompilerFailed instead of its own type.
+            return make_boxed_func(_raiser(error))
+        self.plans.append(graph_plan)
+        if self.plan_only:
+            return gm
+        recorder.publish(graph_plan)
+        stitched = stitch(split, graph_plan, self.config)
+        if kind == GRAPH_INFERENCE and _wrapper_is_identity():
+            self.direct = stitched
+        return make_boxed_func(stitched)
+
+
+def _wrapper_is_identity() -> bool:
+    """True where AOTAutograd's runtime wrapper would pass inputs and outputs through
+    unchanged: no input mutation, no output alias, no subclass, no RNG state, no
+    effect tokens, and no autocast to switch off around the graph."""
+    from torch._functorch._aot_autograd.schemas import OutputType
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    if meta is None or torch.is_autocast_enabled() or torch.is_autocast_enabled("cpu"):
+        return False
+    return (
+        not any(i.mutates_data or i.mutates_metadata for i in meta.input_info)
+        and all(o.output_type == OutputType.non_alias for o in meta.output_info)
+        and meta.num_intermediate_bases == 0
+        and not meta.tokens
+        and not meta.is_rng_op_functionalized
+        and all(_plain(m) for m in meta.subclass_inp_meta)
+        and all(_plain(m) for m in getattr(meta, "subclass_fw_graph_out_meta", ()) or ())
+    )
+
+
+def _plain(meta: object) -> bool:
+    from torch._functorch._aot_autograd.schemas import PlainTensorMeta
+
+    return isinstance(meta, (int, PlainTensorMeta))
+
+
+def _raiser(error: DispatchError) -> Callable[..., Any]:
+    def raise_planned_error(*args: Any) -> Any:
+        raise error
+
+    return raise_planned_error

@@ -1,0 +1,32 @@
+"""Errors raised by dispatch.
+
+Every error is a ``DispatchError`` (a ``RuntimeError``), so ``except RuntimeError``
+in user code keeps working. Messages name the route, the device, the op and what
+to do instead.
+"""
+
+from __future__ import annotations
+
+
+class DispatchError(RuntimeError):
+    """Base class of every error that dispatch raises on purpose."""
+
+
+class UnsupportedDeviceError(DispatchError):
+    """A route was forced onto a device it cannot serve (``mps`` with ``inductor``)."""
+
+
+class RouteUnavailableError(DispatchError):
+    """A forced route whose dependency or hardware is missing on this machine."""
+
+
+class UnsupportedOpError(DispatchError):
+    """Under ``strict``, an op that none of the allowed routes can run."""
+
+
+class RouteFailedError(DispatchError):
+    """A forced route failed to compile or run a region and ``strict`` forbids falling back."""
+
+
+class ConfigError(DispatchError, ValueError):
+    """An unknown option, or an option or environment variable with a bad value."""

@@ -1,0 +1,128 @@
+"""``dispatch.explain``: compile with ``auto``, run once, report what ran where.
+
+It wraps ``torch._dynamo.backends.debugging.ExplainWithBackend`` around
+``auto``, so graph, break and op counts are Dynamo's own, and adds the
+regions of every aten graph with each rejected route's reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .backend import auto
+from .record import recorder
+from .region import GraphPlan, Region
+
+
+@dataclass
+class Explanation:
+    """What ``auto`` did with one function: Dynamo's counts plus per-region routes."""
+
+    graph_count: int
+    graph_break_count: int
+    break_reasons: list[Any]
+    op_count: int
+    graphs: list[torch.fx.GraphModule] = field(default_factory=list, repr=False)
+    ops_per_graph: list[list[Any]] | None = None
+    out_guards: list[Any] | None = None
+    compile_times: str | None = None
+    plans: list[GraphPlan] = field(default_factory=list)
+
+    @property
+    def regions(self) -> list[Region]:
+        return [r for p in self.plans for r in p.regions]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "graph_count": self.graph_count,
+            "graph_break_count": self.graph_break_count,
+            "break_reasons": [_reason_text(r) for r in self.break_reasons],
+            "op_count": self.op_count,
+            "graphs": [p.to_dict() for p in self.plans],
+            "regions": [r.to_dict() for r in self.regions],
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def __str__(self) -> str:
+        lines = [
+            f"Graph Count: {self.graph_count}",
+            f"Graph Break Count: {self.graph_break_count}",
+            f"Op Count: {self.op_count}",
+        ]
+        if self.break_reasons:
+            lines.append("Break Reasons:")
+            lines += [f"  {i + 1}. {_reason_text(r)}" for i, r in enumerate(self.break_reasons)]
+        lines.append(region_table(self.regions))
+        return "\n".join(lines)
+
+
+def explain(
+    fn: Callable[..., Any], *args: Any, options: Mapping[str, Any] | None = None, **kwargs: Any
+) -> Explanation:
+    """Compile ``fn`` with ``auto`` (and ``options``), run it once on ``args``, report."""
+    from torch._dynamo.backends.debugging import ExplainWithBackend
+
+    torch._dynamo.reset()
+    explainer = ExplainWithBackend("auto")
+    explainer.backend = functools.partial(auto, options=options)
+    with recorder.recording() as plans:
+        torch.compile(fn, backend=explainer)(*args, **kwargs)
+    out = explainer.output()
+    torch._dynamo.reset()
+    return Explanation(
+        graph_count=out.graph_count,
+        graph_break_count=out.graph_break_count,
+        break_reasons=list(out.break_reasons),
+        op_count=out.op_count,
+        graphs=list(out.graphs),
+        ops_per_graph=out.ops_per_graph,
+        out_guards=out.out_guards,
+        compile_times=out.compile_times,
+        plans=list(plans),
+    )
+
+
+def _reason_text(reason: Any) -> str:
+    return str(getattr(reason, "reason", reason))
+
+
+def region_table(regions: Sequence[Region]) -> str:
+    """A readable table: one row per region, then why other routes were not chosen."""
+    header = ("graph", "kind", "region", "route", "devices", "nodes", "ops")
+    rows = [
+        (
+            str(r.graph),
+            r.kind,
+            r.name,
+            r.route,
+            ",".join(sorted(r.devices)),
+            str(r.node_count),
+            _short(", ".join(o.removeprefix("aten.").removesuffix(".default") for o in r.ops), 60),
+        )
+        for r in regions
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*row) for row in rows]
+    notes = [
+        f"  {r.name} [{r.kind}]: {route} not chosen: {reason}"
+        for r in regions
+        for route, reason in r.rejected.items()
+        if not reason.startswith("not chosen by rule") and not reason.startswith("not in the allowed")
+    ]
+    if notes:
+        lines += ["", "Why not other routes:", *notes]
+    return "\n".join(lines)
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -1,0 +1,124 @@
+"""What an aten FX graph holds: per-node op, devices, dtypes and symbolic shapes.
+
+Everything is read from ``node.meta["val"]`` (the fake values that AOTAutograd
+and ``make_fx`` attach), so it works on graphs traced from real or fake
+``cuda``/``mps`` tensors alike, without touching the hardware.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+META_VAL = "val"  # torch's own key: the fake value a node produces
+META_ROUTE = "dispatch_route"  # ours: the route a node was assigned to
+META_REGION = "dispatch_region"  # ours: index of the region that holds a node
+
+GRAPH_INFERENCE = "inference"
+GRAPH_FORWARD = "forward"
+GRAPH_BACKWARD = "backward"
+NEEDS_GRAD = (GRAPH_FORWARD, GRAPH_BACKWARD)
+
+
+def op_name(node: torch.fx.Node) -> str:
+    """``"aten.addmm.default"`` for an OpOverload, the qualified name otherwise."""
+    target = node.target
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+        return str(target)
+    if target is operator.getitem:
+        return "getitem"
+    return getattr(target, "__qualname__", None) or str(target)
+
+
+def flat_values(node: torch.fx.Node) -> Iterator[object]:
+    val = node.meta.get(META_VAL)
+    if isinstance(val, (list, tuple)):
+        yield from val
+    else:
+        yield val
+
+
+def tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:
+    return [v for v in flat_values(node) if isinstance(v, torch.Tensor)]
+
+
+def is_symbolic(node: torch.fx.Node) -> bool:
+    """True where a node's value (or its shape) involves a symbolic size."""
+    for v in flat_values(node):
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return True
+        if isinstance(v, torch.Tensor) and any(
+            isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride())
+        ):
+            return True
+    return False
+
+
+def node_devices(node: torch.fx.Node) -> frozenset[str]:
+    """Device types a compute node touches: its inputs' and its outputs'."""
+    devices = {t.device.type for t in tensor_values(node)}
+    for arg in node.all_input_nodes:
+        devices.update(t.device.type for t in tensor_values(arg))
+    return frozenset(devices)
+
+
+def node_device_indices(node: torch.fx.Node) -> frozenset[torch.device]:
+    devices = {t.device for t in tensor_values(node)}
+    for arg in node.all_input_nodes:
+        devices.update(t.device for t in tensor_values(arg))
+    return frozenset(devices)
+
+
+def node_dtypes(node: torch.fx.Node) -> frozenset[torch.dtype]:
+    dtypes = {t.dtype for t in tensor_values(node)}
+    for arg in node.all_input_nodes:
+        dtypes.update(t.dtype for t in tensor_values(arg))
+    return frozenset(dtypes)
+
+
+def compute_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def is_view_op(node: torch.fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and bool(
+        target._schema.returns and target._schema.returns[0].alias_info
+    )
+
+
+def returns_to_caller(node: torch.fx.Node) -> bool:
+    return any(user.op == "output" for user in node.users)
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    """A summary of one aten graph, as ``explain`` reports it."""
+
+    kind: str
+    devices: frozenset[str]
+    dtypes: frozenset[str]
+    ops: tuple[str, ...]
+    node_count: int
+    dynamic: bool
+
+    @property
+    def needs_grad(self) -> bool:
+        return self.kind in NEEDS_GRAD
+
+
+def graph_facts(gm: torch.fx.GraphModule, kind: str) -> GraphFacts:
+    nodes = compute_nodes(gm)
+    devices: set[str] = set()
+    dtypes: set[str] = set()
+    for n in gm.graph.nodes:
+        for t in tensor_values(n):
+            devices.add(t.device.type)
+            dtypes.add(str(t.dtype).removeprefix("torch."))
+    ops = tuple(dict.fromkeys(op_name(n) for n in nodes if n.target is not operator.getitem))
+    dynamic = any(is_symbolic(n) for n in gm.graph.nodes if n.op == "placeholder")
+    return GraphFacts(kind, frozenset(devices), frozenset(dtypes), ops, len(nodes), dynamic)

@@ -1,0 +1,132 @@
+"""Cut an aten graph into regions: one route, one device each.
+
+``CapabilityBasedPartitioner`` proposes cycle-free partitions for one (route,
+device) at a time and ``fuse_by_partitions`` turns each into a submodule, so a
+later route's partitions see earlier regions as single nodes and can never form
+a cycle with them. A region with fewer than ``min_region_size`` compute ops is
+handed to the next route in its nodes' chains (eventually eager), so a model is
+not shredded into tiny regions whose hand-over costs more than they gain.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING
+
+import torch.fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import create_op_support
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+from .inspect import META_REGION, META_VAL, op_name
+from .region import Region
+
+if TYPE_CHECKING:
+    from .plan import NodeChoice
+
+
+def _compute_count(nodes: object) -> int:
+    return sum(1 for n in nodes if n.op == "call_function" and n.target is not operator.getitem)
+
+
+def form_regions(
+    gm: torch.fx.GraphModule,
+    choices: dict[torch.fx.Node, NodeChoice],
+    orders: dict[str, tuple[str, ...]],
+    min_region_size: int,
+    graph_index: int,
+    kind: str,
+) -> list[Region]:
+    """Fuse ``gm``'s compute nodes into region submodules in place; describe each.
+
+    ``orders`` gives each device's routes in priority order; regions of a
+    higher-priority route are formed first.
+    """
+    regions: list[Region] = []
+    devices = list(dict.fromkeys(c.device for c in choices.values()))
+    for device in devices:
+        for route in orders[device]:
+            partitions = _propose(gm, choices, route, device)
+            kept = []
+            for partition in partitions:
+                size = _compute_count(partition.nodes)
+                if route != "eager" and size < min_region_size and _demote(partition.nodes, choices, route, size, min_region_size):
+                    continue
+                kept.append(partition)
+            if not kept:
+                continue
+            prefix = f"{route}_{device}_"
+            described = [_describe(p.nodes, choices, route, device, graph_index, kind) for p in kept]
+            fuse_by_partitions(gm, [dict(p.nodes) for p in kept], prefix=prefix, always_return_tuple=True)
+            for i, region in enumerate(described):
+                region.name = f"{prefix}{i}"
+                regions.append(region)
+    gm.recompile()
+    _annotate_placeholders(gm, {r.name for r in regions})
+    return regions
+
+
+def _propose(gm: torch.fx.GraphModule, choices: dict, route: str, device: str) -> list:
+    def supported(_submodules: object, node: torch.fx.Node) -> bool:
+        choice = choices.get(node)
+        return choice is not None and choice.device == device and choice.chain[:1] == [route]
+
+    partitioner = CapabilityBasedPartitioner(
+        gm, create_op_support(supported), allows_single_node_partition=True
+    )
+    return partitioner.propose_partitions()
+
+
+def _demote(nodes: object, choices: dict, route: str, size: int, min_size: int) -> bool:
+    """Hand a too-small partition's nodes to their next route; False if none has one."""
+    if any(len(choices[n].chain) < 2 for n in nodes if n in choices):
+        return False
+    for n in nodes:
+        choice = choices[n]
+        if choice.chain[:1] == [route]:
+            choice.chain = choice.chain[1:]
+            choice.rejected[route] = f"region of {size} op(s) is below min_region_size={min_size}"
+    return True
+
+
+def _describe(nodes: object, choices: dict, route: str, device: str, graph_index: int, kind: str) -> Region:
+    ordered = [n for n in nodes if n.op == "call_function"]
+    rejected: dict[str, str] = {}
+    fallbacks: list[str] = []
+    for n in ordered:
+        choice = choices[n]
+        for name, reason in choice.rejected.items():
+            if name != route:
+                rejected.setdefault(name, reason)
+    # A route can stand in for this region only if it can run every node of it.
+    for name in choices[ordered[0]].chain[1:]:
+        if all(name in choices[n].chain for n in ordered):
+            fallbacks.append(name)
+    for name in fallbacks:
+        rejected.setdefault(name, f"lower priority than {route}")
+    ops = tuple(dict.fromkeys(op_name(n) for n in ordered if n.target is not operator.getitem))
+    for n in ordered:
+        n.meta[META_REGION] = f"{route}_{device}"
+    return Region(
+        graph=graph_index,
+        name="",
+        route=route,
+        ops=ops,
+        devices=frozenset({device}),
+        node_count=_compute_count(ordered),
+        kind=kind,
+        rejected=rejected,
+        fallbacks=tuple(fallbacks),
+    )
+
+
+def _annotate_placeholders(gm: torch.fx.GraphModule, names: set[str]) -> None:
+    """Give each region's placeholders the fake value of the argument that feeds them."""
+    for node in gm.graph.find_nodes(op="call_module"):
+        if node.target not in names:
+            continue
+        sub = getattr(gm, node.target)
+        placeholders = sub.graph.find_nodes(op="placeholder")
+        for ph, arg in zip(placeholders, node.args):
+            if isinstance(arg, torch.fx.Node) and META_VAL in arg.meta:
+                ph.meta[META_VAL] = arg.meta[META_VAL]

@@ -1,0 +1,159 @@
+"""Route choice for every node of an aten graph: rules first, every rejection kept.
+
+``choose_routes`` gives each compute node its chain of routes (those that can run
+it, in priority order) and the reason every other route was rejected.
+``plan_graph`` turns that into regions. Nothing here compiles or runs anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from dataclasses import dataclass, field
+
+import torch.fx
+
+from .config import Config
+from .errors import RouteUnavailableError, UnsupportedDeviceError, UnsupportedOpError
+from .inspect import (
+    META_ROUTE,
+    GraphFacts,
+    compute_nodes,
+    graph_facts,
+    is_view_op,
+    node_device_indices,
+    op_name,
+    returns_to_caller,
+)
+from .partition import form_regions
+from .region import GraphPlan
+from .routes import Availability, Route, registry
+from .rules import default_rule
+
+
+# Why a route was rejected, so that strict mode raises the matching error.
+WHY_DEVICE = "device"
+WHY_UNAVAILABLE = "unavailable"
+WHY_OP = "op"
+
+
+@dataclass
+class NodeChoice:
+    """The routes that can run one node, best first, and why the others cannot."""
+
+    device: str
+    chain: list[str]
+    rejected: dict[str, str] = field(default_factory=dict)
+    why: dict[str, str] = field(default_factory=dict)
+
+
+def route_order(device: str, kind: str, config: Config) -> tuple[tuple[str, ...], dict[str, str]]:
+    """Routes to try for ``device``/``kind`` in priority order, and why others are left out."""
+    left_out: dict[str, str] = {}
+    if config.routes is not None:
+        order = list(config.routes)
+        for name in registry.names():
+            if name not in order:
+                left_out[name] = f"not in the allowed routes {list(config.routes)}"
+        if not config.strict and "eager" not in order:
+            order.append("eager")
+    else:
+        rule = default_rule(device, kind)
+        order = list(rule.routes)
+        for name in registry.names():
+            if name not in order:
+                left_out[name] = f"not chosen by rule: {rule.reason}"
+    for name in list(order):
+        if name in config.disabled:
+            order.remove(name)
+            left_out[name] = "disabled by DISPATCH_DISABLE"
+    return tuple(order), left_out
+
+
+@functools.cache
+def _availability(route: Route) -> Availability:
+    return route.available()
+
+
+def route_verdict(
+    route: Route, node: torch.fx.Node, device: str, facts: GraphFacts
+) -> tuple[str, str] | None:
+    """None where ``route`` can run ``node`` on ``device``, else (why, reason)."""
+    availability = _availability(route)
+    if not availability.ok:
+        return WHY_UNAVAILABLE, f"unavailable: {availability.reason}"
+    if not route.serves_device(device):
+        return WHY_DEVICE, route.device_reason(device)
+    if facts.needs_grad and not route.trains:
+        return WHY_OP, f"{facts.kind} graph of a training step: {route.name} runs inference only"
+    if not route.keeps_aliases and is_view_op(node) and returns_to_caller(node):
+        return WHY_OP, f"{op_name(node)} returns a view to the caller; {route.name} would return a copy"
+    reason = route.supports(node, facts)
+    return None if reason is None else (WHY_OP, reason)
+
+
+def choose_routes(gm: torch.fx.GraphModule, facts: GraphFacts, config: Config) -> dict[torch.fx.Node, NodeChoice]:
+    """Each compute node's route chain; ``getitem`` nodes follow their producer."""
+    choices: dict[torch.fx.Node, NodeChoice] = {}
+    orders: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
+    for node in compute_nodes(gm):
+        if node.target is operator.getitem and node.args[0] in choices:
+            producer = choices[node.args[0]]
+            choices[node] = NodeChoice(producer.device, producer.chain, producer.rejected, producer.why)
+            continue
+        devices = node_device_indices(node)
+        device_types = {d.type for d in devices}
+        device = next(iter(device_types)) if len(device_types) == 1 else "cpu"
+        if device not in orders:
+            orders[device] = route_order(device, facts.kind, config)
+        order, left_out = orders[device]
+        choice = NodeChoice(device, [], dict(left_out))
+        if len(devices) > 1:
+            where = ", ".join(sorted(str(d) for d in devices))
+            for name in order:
+                if name != "eager":
+                    choice.rejected[name] = f"{op_name(node)} moves data between devices ({where})"
+                    choice.why[name] = WHY_DEVICE
+            choice.chain = ["eager"] if "eager" in order else []
+        else:
+            for name in order:
+                verdict = route_verdict(registry.get(name), node, device, facts)
+                if verdict is None:
+                    choice.chain.append(name)
+                else:
+                    choice.why[name], choice.rejected[name] = verdict
+        if not choice.chain:
+            raise _strict_error(node, choice, order)
+        node.meta[META_ROUTE] = choice.chain[0]
+        choices[node] = choice
+    return choices
+
+
+def plan_graph(
+    gm: torch.fx.GraphModule, kind: str, config: Config, graph_index: int
+) -> tuple[GraphPlan, torch.fx.GraphModule]:
+    """Split ``gm`` (in place) into one submodule per region and describe them."""
+    facts = graph_facts(gm, kind)
+    choices = choose_routes(gm, facts, config)
+    devices = {c.device for c in choices.values()} | set(facts.devices)
+    order = {device: route_order(device, kind, config)[0] for device in sorted(devices)}
+    regions = form_regions(gm, choices, order, config.min_region_size, graph_index, kind)
+    plan = GraphPlan(graph_index, kind, facts.devices, facts.dynamic, facts.node_count, order, regions)
+    return plan, gm
+
+
+def _strict_error(node: torch.fx.Node, choice: NodeChoice, order: tuple[str, ...]) -> Exception:
+    device = choice.device
+    reasons = "; ".join(f"{r}: {choice.rejected.get(r, '?')}" for r in order) or "no route allowed"
+    where = f"{op_name(node)} (node {node.name}) on {device}"
+    advice = "unset DISPATCH_STRICT, or allow 'eager' (DISPATCH_ROUTE unset or options['routes'] with 'eager')"
+    if order and all(choice.why.get(r) == WHY_DEVICE for r in order):
+        route = order[0]
+        if device == "mps" and route == "inductor":
+            advice = "inductor does not run on mps: use the 'eager' route or move the model to cpu/cuda"
+        return UnsupportedDeviceError(
+            f"route {route!r} cannot serve device {device!r} for {where}: {reasons}. Instead: {advice}"
+        )
+    if order and all(choice.why.get(r) == WHY_UNAVAILABLE for r in order):
+        return RouteUnavailableError(f"forced route(s) {list(order)} unavailable for {where}: {reasons}. Instead: {advice}")
+    return UnsupportedOpError(f"no allowed route can run {where}: {reasons}. Instead: {advice}")

@@ -1,0 +1,89 @@
+"""Data records of a routing decision: ``Region`` and ``Plan``.
+
+They hold names and strings only (no graph, no tensors), so a plan can be
+printed, compared in tests and serialised with ``to_dict()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Region:
+    """One piece of one graph, run by one route.
+
+    ``rejected`` maps every route that was not chosen to the reason.
+    ``route`` can change after planning when the chosen route fails to compile
+    or run the region; the failure then appears under ``rejected``.
+    """
+
+    graph: int
+    name: str
+    route: str
+    ops: tuple[str, ...]
+    devices: frozenset[str]
+    node_count: int
+    kind: str = "inference"
+    rejected: dict[str, str] = field(default_factory=dict)
+    fallbacks: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "graph": self.graph,
+            "name": self.name,
+            "kind": self.kind,
+            "route": self.route,
+            "ops": list(self.ops),
+            "devices": sorted(self.devices),
+            "node_count": self.node_count,
+            "rejected": dict(self.rejected),
+            "fallbacks": list(self.fallbacks),
+        }
+
+
+@dataclass
+class GraphPlan:
+    """The regions of one aten graph (an inference, forward or backward graph)."""
+
+    graph: int
+    kind: str
+    devices: frozenset[str]
+    dynamic: bool
+    node_count: int
+    route_order: dict[str, tuple[str, ...]]
+    regions: list[Region] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "graph": self.graph,
+            "kind": self.kind,
+            "devices": sorted(self.devices),
+            "dynamic": self.dynamic,
+            "node_count": self.node_count,
+            "route_order": {k: list(v) for k, v in self.route_order.items()},
+            "regions": [r.to_dict() for r in self.regions],
+        }
+
+
+@dataclass
+class Plan:
+    """The routing decision for one FX graph: its aten graphs and their regions."""
+
+    graphs: list[GraphPlan] = field(default_factory=list)
+
+    @property
+    def regions(self) -> list[Region]:
+        return [r for g in self.graphs for r in g.regions]
+
+    def routes(self) -> set[str]:
+        return {r.route for r in self.regions}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"graphs": [g.to_dict() for g in self.graphs]}
+
+    def __str__(self) -> str:
+        from .explain import region_table
+
+        return region_table(self.regions)

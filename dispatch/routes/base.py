@@ -1,0 +1,67 @@
+"""The ``Route`` interface: one runtime that can compile and run a region.
+
+A route is a small object: ``name``, ``devices``, ``available()``,
+``supports(node, graph) -> None | reason`` and ``compile(gm, example_inputs)``.
+Heavy imports (onnxruntime, triton) happen inside ``available()`` and
+``compile()``, never at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from ..inspect import GraphFacts
+
+CompiledFn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a route can run on this machine, and why not."""
+
+    ok: bool
+    version: str | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"available": self.ok, "version": self.version, "reason": self.reason}
+
+
+class Route:
+    """Base class of every route. Subclasses set ``name`` and ``devices``."""
+
+    name: str = ""
+    devices: frozenset[str] = frozenset()
+    #: whether the route may run graphs that take part in autograd
+    #: (AOTAutograd forward and backward graphs).
+    trains: bool = True
+    #: whether a region's outputs may alias its inputs (views returned to the caller).
+    keeps_aliases: bool = True
+
+    def available(self) -> Availability:
+        return Availability(True, torch.__version__)
+
+    def serves_device(self, device: str) -> bool:
+        """True where this route can run on ``device``; may look at installed providers."""
+        return device in self.devices
+
+    def device_reason(self, device: str) -> str:
+        """Why ``serves_device(device)`` is False, with what to use instead."""
+        served = ", ".join(sorted(self.devices))
+        return f"device {device} is not served by {self.name} (it serves {served})"
+
+    def supports(self, node: torch.fx.Node, graph: GraphFacts) -> str | None:
+        """None if this route can run ``node``, else the reason it cannot."""
+        return None
+
+    def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+        """A callable taking the region's inputs positionally, returning a tuple."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<route {self.name}>"

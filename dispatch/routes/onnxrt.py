@@ -1,0 +1,205 @@
+"""The ``onnxrt`` route: ONNX export of the region, run by an ONNX Runtime session.
+
+The region's aten graph goes through ``torch.onnx.export`` (the dynamo
+exporter); the model bytes are loaded into an ``InferenceSession`` on
+``CPUExecutionProvider``, or ``CUDAExecutionProvider`` where onnxruntime-gpu is
+installed and the region is on CUDA. On every device IO binding points ORT at
+torch's input buffers and at output tensors that torch allocates, so no tensor
+is copied or converted through numpy.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import threading
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from ..inspect import GraphFacts, is_symbolic, tensor_values
+from .base import Availability, CompiledFn, Route
+from .onnx_ops import translatable
+from .registry import registry
+
+_NO_NUMPY_DTYPE = (torch.bfloat16, torch.complex32)
+SMALL_REGION_NUMEL = 4096
+
+
+@registry.register
+class OnnxRoute(Route):
+    name = "onnxrt"
+    devices = frozenset({"cpu", "cuda"})
+    trains = False
+    keeps_aliases = False
+
+    def available(self) -> Availability:
+        missing = []
+        for module in ("onnxruntime", "onnx", "onnxscript"):
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                missing.append(f"{module} ({e})")
+        if missing:
+            return Availability(False, None, "not installed: " + ", ".join(missing) + "; pip install dispatch[onnx]")
+        import onnxruntime
+
+        return Availability(True, onnxruntime.__version__)
+
+    def serves_device(self, device: str) -> bool:
+        if device == "cpu":
+            return True
+        if device == "cuda":
+            return "CUDAExecutionProvider" in _providers()
+        return False
+
+    def device_reason(self, device: str) -> str:
+        if device == "cuda":
+            return "device cuda needs onnxruntime-gpu (CUDAExecutionProvider is not installed)"
+        return f"device {device} is not served by onnxrt (cpu, cuda with onnxruntime-gpu)"
+
+    def supports(self, node: torch.fx.Node, graph: GraphFacts) -> str | None:
+        if is_symbolic(node):
+            return "dynamic shape: onnxrt exports one static shape per region"
+        if not translatable(node.target):
+            return f"the ONNX exporter cannot translate {node.target}"
+        for t in tensor_values(node):
+            if t.dtype in _NO_NUMPY_DTYPE or t.is_complex():
+                return f"dtype {t.dtype} is not run by onnxrt here"
+            if t.is_sparse or t.layout != torch.strided:
+                return f"layout {t.layout} is not exported to ONNX"
+        return None
+
+    def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+        import onnxruntime as ort
+
+        model = export_region(gm, example_inputs)
+        device = _region_device(example_inputs)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        if _largest_numel(gm) < SMALL_REGION_NUMEL:
+            # Measured (benchmarks/README.md): on tiny tensors ORT's thread pool
+            # costs more than it parallelises.
+            options.intra_op_num_threads = 1
+        if device.type == "cuda":
+            providers = [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
+        else:
+            providers = ["CPUExecutionProvider"]
+        session = ort.InferenceSession(model, options, providers=providers)
+        names = [p.name for p in gm.graph.find_nodes(op="placeholder")]
+        inputs = [names.index(i.name) for i in session.get_inputs()]
+        outputs = [o.name for o in session.get_outputs()]
+        expected = _output_values(gm)
+        if len(outputs) != len(expected):
+            raise RuntimeError(
+                f"onnxrt: exported model has {len(outputs)} outputs, the region has {len(expected)}"
+            )
+        feed_names = [i.name for i in session.get_inputs()]
+        return _BoundRunner(session, feed_names, inputs, outputs, expected, device)
+
+
+def export_region(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bytes:
+    """The ONNX model bytes of an aten region, exported with static shapes."""
+    args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in example_inputs)
+    quiet = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                gm, args, dynamo=True, optimize=True, verbose=False, report=False, verify=False
+            )
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
+    return program.model_proto.SerializeToString()
+
+
+class _BoundRunner:
+    """Runs a session through IO binding: ORT reads the input tensors' memory
+    where it lies and writes into output tensors that torch allocates once per
+    call, so nothing is copied or allocated twice. Inputs are re-bound only when
+    their address or shape changes (weights never do); each thread keeps its own
+    binding, since an ORT binding is not thread-safe."""
+
+    def __init__(
+        self,
+        session: Any,
+        names: list[str],
+        inputs: list[int],
+        outputs: list[str],
+        expected: list[torch.Tensor],
+        device: torch.device,
+    ) -> None:
+        import onnxruntime as ort
+
+        self.session = session
+        self.feeds = [(name, i) for name, i in zip(names, inputs)]
+        self.outputs = [(name, tuple(meta.shape), meta.dtype, _np_dtype(meta.dtype)) for name, meta in zip(outputs, expected)]
+        self.device = device
+        self.device_type = device.type
+        self.index = device.index or 0
+        self.run_options = ort.RunOptions()
+        self.local = threading.local()
+
+    def _binding(self) -> tuple[Any, list[Any]]:
+        local = self.local
+        if not hasattr(local, "binding"):
+            local.binding = self.session.io_binding()
+            local.bound = [None] * len(self.feeds)
+        return local.binding, local.bound
+
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        binding, bound = self._binding()
+        for k, (name, i) in enumerate(self.feeds):
+            t = args[i]
+            if not t.is_contiguous():
+                t = t.contiguous()
+            key = (t.data_ptr(), t.shape, t.dtype)
+            if bound[k] != key:
+                binding.bind_input(name, self.device_type, self.index, _np_dtype(t.dtype), list(t.shape), t.data_ptr())
+                bound[k] = key
+        results = []
+        for name, shape, dtype, np_dtype in self.outputs:
+            out = torch.empty(shape, dtype=dtype, device=self.device)
+            binding.bind_output(name, self.device_type, self.index, np_dtype, list(shape), out.data_ptr())
+            results.append(out)
+        self.session._sess.run_with_iobinding(binding._iobinding, self.run_options)
+        return tuple(results)
+
+
+@functools.cache
+def _np_dtype(dtype: torch.dtype) -> Any:
+    return torch.empty((), dtype=dtype).numpy().dtype
+
+
+def _largest_numel(gm: torch.fx.GraphModule) -> int:
+    return max((t.numel() for n in gm.graph.nodes for t in tensor_values(n)), default=0)
+
+
+def _region_device(example_inputs: Sequence[Any]) -> torch.device:
+    for a in example_inputs:
+        if isinstance(a, torch.Tensor):
+            return a.device
+    return torch.device("cpu")
+
+
+def _output_values(gm: torch.fx.GraphModule) -> list[Any]:
+    (out,) = gm.graph.find_nodes(op="output")
+    values = out.args[0] if isinstance(out.args[0], (list, tuple)) else (out.args[0],)
+    return [v.meta.get("val") if isinstance(v, torch.fx.Node) else v for v in values]
+
+
+def _providers() -> list[str]:
+    try:
+        import onnxruntime
+    except ImportError:
+        return []
+    return list(onnxruntime.get_available_providers())

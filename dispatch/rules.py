@@ -1,0 +1,47 @@
+"""The default route order per (device, graph kind), and why.
+
+These are the rules ``auto`` follows when the user forces nothing. The numbers
+behind them are in ``benchmarks/README.md``; each rule carries the reason that
+``explain`` shows for the routes it leaves out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .inspect import GRAPH_BACKWARD, GRAPH_FORWARD, GRAPH_INFERENCE
+
+
+@dataclass(frozen=True)
+class Rule:
+    routes: tuple[str, ...]
+    reason: str
+
+
+_CPU_INFERENCE = Rule(
+    ("onnxrt", "eager"),
+    "CPU inference: ONNX Runtime runs what it can; eager runs the rest, it beat inductor "
+    "there by measurement (benchmarks/README.md)",
+)
+_CPU_TRAINING = Rule(
+    ("inductor", "eager"),
+    "CPU training: inductor compiles forward and backward graphs; ONNX Runtime runs inference only",
+)
+_NOT_YET = Rule(("eager",), "this version routes {device} graphs to eager")
+_MPS = Rule(("eager",), "mps graphs run eager: inductor does not serve mps, ONNX Runtime has no mps provider")
+
+RULES: dict[tuple[str, str], Rule] = {
+    ("cpu", GRAPH_INFERENCE): _CPU_INFERENCE,
+    ("cpu", GRAPH_FORWARD): _CPU_TRAINING,
+    ("cpu", GRAPH_BACKWARD): _CPU_TRAINING,
+    ("mps", GRAPH_INFERENCE): _MPS,
+    ("mps", GRAPH_FORWARD): _MPS,
+    ("mps", GRAPH_BACKWARD): _MPS,
+}
+
+
+def default_rule(device: str, kind: str) -> Rule:
+    rule = RULES.get((device, kind))
+    if rule is None:
+        return Rule(_NOT_YET.routes, _NOT_YET.reason.format(device=device))
+    return rule

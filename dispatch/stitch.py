@@ -1,0 +1,122 @@
+"""Run a split graph: each region submodule becomes a ``RegionRunner``.
+
+A runner compiles its region with the planned route on the region's first real
+inputs, and falls back along the region's chain (ending in eager, unless strict
+forbids it) when a route fails to compile, fails to run, or (with ``verify``)
+returns numbers that differ from eager. Each failure warns once and is recorded
+in the region's ``rejected`` reasons, which ``explain`` shows.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils._python_dispatch import _disable_current_modes
+
+from .config import Config
+from .errors import RouteFailedError
+from .region import GraphPlan, Region
+from .routes import CompiledFn, registry
+
+log = logging.getLogger("dispatch")
+
+
+class FallbackWarning(UserWarning):
+    """A route failed on a region; the region now runs on the next route."""
+
+
+def stitch(gm: torch.fx.GraphModule, plan: GraphPlan, config: Config) -> torch.fx.GraphModule:
+    """Replace every region submodule of ``gm`` by a runner for it."""
+    for region in plan.regions:
+        sub = getattr(gm, region.name)
+        setattr(gm, region.name, RegionRunner(sub, region, config))
+    return gm
+
+
+class RegionRunner(torch.nn.Module):
+    """Runs one region on its route, compiled lazily, with per-region fallback."""
+
+    def __init__(self, gm: torch.fx.GraphModule, region: Region, config: Config) -> None:
+        super().__init__()
+        self.gm = gm
+        self.region = region
+        self.config = config
+        self.chain = [region.route, *region.fallbacks]
+        self._fn: CompiledFn | None = None
+        self._lock = threading.Lock()
+
+    def forward(self, *args: Any) -> Any:
+        fn = self._fn
+        if fn is None:
+            fn = self._prepare(args)
+        try:
+            return fn(*args)
+        except Exception as error:  # noqa: BLE001 (any route failure falls back)
+            return self._after_failure("run", error, args)
+
+    def _prepare(self, args: Sequence[Any]) -> CompiledFn:
+        with self._lock:
+            while self._fn is None:
+                route = self.chain[0]
+                try:
+                    # AOTAutograd runs the first call under a checking dispatch mode;
+                    # exporters and compilers must trace outside of it.
+                    with _disable_current_modes():
+                        fn = registry.get(route).compile(self.gm, args)
+                    if self.config.verify and route != "eager":
+                        self._verify(fn, args)
+                except Exception as error:  # noqa: BLE001
+                    self._next_route("compile", error)
+                    continue
+                self._fn = fn
+            return self._fn
+
+    def _after_failure(self, stage: str, error: Exception, args: Sequence[Any]) -> Any:
+        with self._lock:
+            self._fn = None
+            self._next_route(stage, error)
+        return self(*args)
+
+    def _next_route(self, stage: str, error: Exception) -> None:
+        failed = self.chain.pop(0)
+        region = self.region
+        detail = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        region.rejected[failed] = f"{stage} failed: {detail}"
+        where = f"region {region.name} ({len(region.ops)} op kinds: {', '.join(region.ops[:4])}{'...' if len(region.ops) > 4 else ''}) on {', '.join(sorted(region.devices))}"
+        if not self.chain:
+            raise RouteFailedError(
+                f"route {failed!r} failed to {stage} {where} and strict mode allows no fallback: "
+                f"{detail}. Instead: unset DISPATCH_STRICT or allow 'eager'."
+            ) from error
+        region.route = self.chain[0]
+        region.fallbacks = tuple(self.chain[1:])
+        warnings.warn(
+            f"dispatch: route {failed!r} failed to {stage} {where}: {detail}; "
+            f"this region now runs on {region.route!r}",
+            FallbackWarning,
+            stacklevel=3,
+        )
+
+    def _verify(self, fn: CompiledFn, args: Sequence[Any]) -> None:
+        expected = self.gm(*args)
+        got = fn(*args)
+        for i, (e, g) in enumerate(zip(expected, got, strict=True)):
+            if isinstance(e, torch.Tensor):
+                rtol, atol = _tolerance(e.dtype)
+                torch.testing.assert_close(g, e, rtol=rtol, atol=atol, check_device=True, msg=lambda m, i=i: f"output {i} differs from eager: {m}")
+
+
+def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    if dtype in (torch.float16, torch.bfloat16):
+        return 2e-2, 2e-2
+    if dtype == torch.float32:
+        return 1e-4, 1e-4
+    if dtype.is_floating_point or dtype.is_complex:
+        return 1e-7, 1e-7
+    return 0.0, 0.0
