@@ -11,6 +11,7 @@ on real inputs.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -34,13 +35,20 @@ def auto(
     options: Mapping[str, Any] | None = None,
     **unexpected: Any,
 ) -> Callable[..., Any]:
-    """The ``torch.compile`` backend. ``options`` as in ``torch.compile(..., options=)``."""
-    if unexpected:
-        raise ConfigError(
-            f"backend 'auto' takes only options=; got {sorted(unexpected)} "
-            f"(torch.compile's mode= is for inductor: use options={{'routes': [...]}})"
-        )
-    config = Config.resolve(options)
+    """The ``torch.compile`` backend. ``options`` as in ``torch.compile(..., options=)``.
+
+    Errors of ours surface when the compiled function is called, with their own
+    type: raised here, Dynamo would wrap them in ``BackendCompilerFailed``.
+    """
+    try:
+        if unexpected:
+            raise ConfigError(
+                f"backend 'auto' takes only options=; got {sorted(unexpected)} "
+                f"(torch.compile's mode= is for inductor: use options={{'routes': [...]}})"
+            )
+        config = Config.resolve(options)
+    except DispatchError as error:
+        return _raiser(error)
     compiler = _GraphCompiler(config, recorder.next_graph_index(), plan_only=False)
     return compiler.aot(gm, example_inputs)
 
@@ -58,8 +66,20 @@ def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any
     """
     config = Config.resolve(options)
     compiler = _GraphCompiler(config, 0, plan_only=True)
-    compiler.aot(gm, example_inputs)
+    compiler.aot(_returning_tuple(gm), example_inputs)
     return Plan(compiler.plans)
+
+
+def _returning_tuple(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """AOTAutograd wants tuple outputs; ``symbolic_trace`` may return a bare tensor."""
+    (output,) = gm.graph.find_nodes(op="output")
+    if isinstance(output.args[0], (tuple, list)):
+        return gm
+    gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    (output,) = gm.graph.find_nodes(op="output")
+    output.args = ((output.args[0],),)
+    gm.recompile()
+    return gm
 
 
 class _GraphCompiler:
@@ -100,7 +120,7 @@ class _GraphCompiler:
                 raise
             # Raised at call time: an error raised while Dynamo compiles would reach
             # the user wrapped in BackendCompilerFailed instead of its own type.
-            return make_boxed_func(_raiser(error))
+            return make_boxed_func(_raiser(error))  # type: ignore[no-untyped-call]
         self.plans.append(graph_plan)
         if self.plan_only:
             return gm

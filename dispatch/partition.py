@@ -18,7 +18,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import create_op_support
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from .inspect import META_REGION, META_VAL, op_name
+from .inspect import META_REGION, META_VAL, is_view_op, op_name
 from .region import Region
 
 if TYPE_CHECKING:
@@ -26,7 +26,10 @@ if TYPE_CHECKING:
 
 
 def _compute_count(nodes: object) -> int:
-    return sum(1 for n in nodes if n.op == "call_function" and n.target is not operator.getitem)
+    """Ops that compute: getitem and views (which only re-describe memory) do not count."""
+    return sum(
+        1 for n in nodes if n.op == "call_function" and n.target is not operator.getitem and not is_view_op(n)
+    )
 
 
 def form_regions(
@@ -42,6 +45,8 @@ def form_regions(
     ``orders`` gives each device's routes in priority order; regions of a
     higher-priority route are formed first.
     """
+    # fuse_by_partitions rebuilds the graph, so nodes are matched by name and target.
+    choices = _ByName(choices)
     regions: list[Region] = []
     devices = list(dict.fromkeys(c.device for c in choices.values()))
     for device in devices:
@@ -64,6 +69,22 @@ def form_regions(
     gm.recompile()
     _annotate_placeholders(gm, {r.name for r in regions})
     return regions
+
+
+class _ByName(dict):
+    """Node choices keyed by (name, target), which survive the graph rebuilds of fusing."""
+
+    def __init__(self, choices: dict[torch.fx.Node, NodeChoice]) -> None:
+        super().__init__({(n.name, n.target): c for n, c in choices.items()})
+
+    def get(self, node: torch.fx.Node, default: object = None) -> NodeChoice | None:  # type: ignore[override]
+        return super().get((node.name, node.target), default)
+
+    def __getitem__(self, node: torch.fx.Node) -> NodeChoice:
+        return super().__getitem__((node.name, node.target))
+
+    def __contains__(self, node: object) -> bool:
+        return isinstance(node, torch.fx.Node) and super().__contains__((node.name, node.target))
 
 
 def _propose(gm: torch.fx.GraphModule, choices: dict, route: str, device: str) -> list:
@@ -91,13 +112,13 @@ def _demote(nodes: object, choices: dict, route: str, size: int, min_size: int) 
 
 def _describe(nodes: object, choices: dict, route: str, device: str, graph_index: int, kind: str) -> Region:
     ordered = [n for n in nodes if n.op == "call_function"]
-    rejected: dict[str, str] = {}
+    reasons: dict[str, dict[str, None]] = {}
     fallbacks: list[str] = []
     for n in ordered:
-        choice = choices[n]
-        for name, reason in choice.rejected.items():
+        for name, reason in choices[n].rejected.items():
             if name != route:
-                rejected.setdefault(name, reason)
+                reasons.setdefault(name, {})[reason] = None
+    rejected = {name: "; ".join(distinct) for name, distinct in reasons.items()}
     # A route can stand in for this region only if it can run every node of it.
     for name in choices[ordered[0]].chain[1:]:
         if all(name in choices[n].chain for n in ordered):

@@ -1,0 +1,171 @@
+"""Routing decisions through dispatch.plan, on real and fake (cuda, mps) inputs."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import dispatch
+from tests.conftest import fake_inputs, on_fake_device
+from tests.models import MLP, CustomOpMLP
+
+
+def fake_plan(model, device, *shapes, **options):
+    mode = FakeTensorMode()
+    model = on_fake_device(model, device, mode)
+    inputs = fake_inputs(mode, device, *shapes)
+    return dispatch.plan(torch.fx.symbolic_trace(model), inputs, **options)
+
+
+def test_cpu_inference_goes_to_onnxrt():
+    plan = fake_plan(MLP(), "cpu", (4, 16))
+    assert [r.route for r in plan.regions] == ["onnxrt"]
+    region = plan.regions[0]
+    assert region.devices == {"cpu"}
+    assert "aten.addmm.default" in region.ops
+    assert region.kind == "inference"
+    assert "not chosen by rule" in region.rejected["inductor"]
+
+
+def test_mps_goes_to_eager_never_inductor():
+    plan = fake_plan(MLP(), "mps", (4, 16))
+    assert {r.route for r in plan.regions} == {"eager"}
+    assert all(r.devices == {"mps"} for r in plan.regions)
+    assert "inductor" in plan.regions[0].rejected
+
+
+def test_forcing_inductor_on_mps_strict_raises_unsupported_device():
+    with pytest.raises(dispatch.UnsupportedDeviceError) as info:
+        fake_plan(MLP(), "mps", (4, 16), routes=["inductor"], strict=True)
+    message = str(info.value)
+    assert "mps" in message and "inductor" in message and "eager" in message
+    assert isinstance(info.value, RuntimeError)
+
+
+def test_forcing_inductor_on_mps_by_environment(monkeypatch):
+    monkeypatch.setenv("DISPATCH_ROUTE", "inductor")
+    monkeypatch.setenv("DISPATCH_STRICT", "1")
+    with pytest.raises(dispatch.UnsupportedDeviceError, match="mps"):
+        fake_plan(MLP(), "mps", (4, 16))
+
+
+def test_forced_route_without_strict_falls_back_to_eager_and_says_why(monkeypatch):
+    monkeypatch.setenv("DISPATCH_ROUTE", "inductor")
+    plan = fake_plan(MLP(), "mps", (4, 16))
+    assert {r.route for r in plan.regions} == {"eager"}
+    assert "device mps" in plan.regions[0].rejected["inductor"]
+
+
+def test_cuda_plans_without_a_gpu():
+    plan = fake_plan(MLP(), "cuda", (4, 16))
+    assert plan.regions and all(r.devices == {"cuda"} for r in plan.regions)
+    assert "onnxruntime-gpu" in plan.regions[0].rejected["onnxrt"] or "not chosen" in plan.regions[0].rejected["onnxrt"]
+
+
+def test_onnxrt_on_cuda_needs_onnxruntime_gpu():
+    plan = fake_plan(MLP(), "cuda", (4, 16), routes=["onnxrt", "eager"])
+    assert {r.route for r in plan.regions} == {"eager"}
+    assert "onnxruntime-gpu" in plan.regions[0].rejected["onnxrt"]
+
+
+def test_custom_op_splits_regions():
+    plan = fake_plan(CustomOpMLP(), "cpu", (4, 16))
+    routes = [r.route for r in plan.regions]
+    assert routes.count("onnxrt") == 2 and routes.count("eager") == 1
+    (eager,) = [r for r in plan.regions if r.route == "eager"]
+    assert eager.ops == ("dispatch_tests.scaled_tanh.default",)
+    assert "cannot translate" in eager.rejected["onnxrt"]
+    assert "dispatch_tests.scaled_tanh" in eager.rejected["onnxrt"]
+
+
+def test_custom_op_strict_onnxrt_raises_unsupported_op():
+    with pytest.raises(dispatch.UnsupportedOpError, match="scaled_tanh"):
+        fake_plan(CustomOpMLP(), "cpu", (4, 16), routes=["onnxrt"], strict=True)
+
+
+def test_min_region_size_merges_tiny_regions_into_eager():
+    class Tiny(torch.nn.Module):
+        def forward(self, x):
+            from tests.models import scaled_tanh
+
+            return scaled_tanh(scaled_tanh(x, 1.0).relu(), 1.0).relu() + 1
+
+    # relu alone between two custom ops is too small for onnxrt; the tail relu+add is not.
+    plan = fake_plan(Tiny(), "cpu", (4, 16), min_region_size=2)
+    (onnx,) = [r for r in plan.regions if r.route == "onnxrt"]
+    assert onnx.ops == ("aten.relu.default", "aten.add.Tensor")
+    eager = [r for r in plan.regions if r.route == "eager"]
+    assert any("aten.relu.default" in r.ops for r in eager)
+    assert any("below min_region_size=2" in r.rejected.get("onnxrt", "") for r in eager)
+    # The lone relu merged with its custom-op neighbours instead of making a region of its own.
+    assert len(eager) == 1 and eager[0].node_count == 3
+
+    plan = fake_plan(Tiny(), "cpu", (4, 16), min_region_size=3)
+    assert [r.route for r in plan.regions] == ["eager"]
+
+
+def test_regions_never_mix_devices():
+    class TwoDevices(torch.nn.Module):
+        def forward(self, a, b, scale):
+            # scale is a 0-dim CPU tensor, which torch lets a CUDA op read.
+            return (a.relu() + 1) * 2, b.sigmoid() * scale
+
+    mode = FakeTensorMode()
+    with mode:
+        a = torch.randn(4, 4)
+        b = torch.randn(4, 4, device="cuda")
+        scale = torch.tensor(3.0)
+    plan = dispatch.plan(torch.fx.symbolic_trace(TwoDevices()), [a, b, scale])
+    assert all(len(r.devices) == 1 for r in plan.regions)
+    assert {d for r in plan.regions for d in r.devices} == {"cpu", "cuda"}
+    (cpu,) = [r for r in plan.regions if r.devices == {"cpu"} and r.route == "onnxrt"]
+    assert cpu.ops == ("aten.relu.default", "aten.add.Tensor", "aten.mul.Tensor")
+    (mixed,) = [r for r in plan.regions if "moves data between devices" in r.rejected.get("onnxrt", "")]
+    assert mixed.route == "eager" and "aten.mul.Tensor" in mixed.ops
+
+
+def test_training_graphs_are_not_sent_to_onnxrt():
+    model = MLP()
+    x = torch.randn(4, 16)
+    plan = dispatch.plan(torch.fx.symbolic_trace(model), [x])
+    assert plan.regions and all(r.kind in ("forward", "backward") for r in plan.regions)
+    assert all(r.route != "onnxrt" for r in plan.regions)
+    assert any("inference only" in r.rejected.get("onnxrt", "") or "not chosen" in r.rejected.get("onnxrt", "") for r in plan.regions)
+
+
+def test_training_forced_onnxrt_reason_is_inference_only():
+    plan = dispatch.plan(torch.fx.symbolic_trace(MLP()), [torch.randn(4, 16)], routes=["onnxrt", "eager"])
+    assert {r.route for r in plan.regions} == {"eager"}
+    assert "inference only" in plan.regions[0].rejected["onnxrt"]
+
+
+def test_disable_by_environment(monkeypatch):
+    monkeypatch.setenv("DISPATCH_DISABLE", "onnxrt")
+    plan = fake_plan(MLP(), "cpu", (4, 16))
+    assert {r.route for r in plan.regions} == {"eager"}
+    assert plan.regions[0].rejected["onnxrt"] == "disabled by DISPATCH_DISABLE"
+
+
+def test_dynamic_shapes_are_rejected_by_onnxrt_with_reason():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    model = on_fake_device(MLP(), "cpu", mode)
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    x = mode.from_tensor(torch.randn(4, 16), source=ConstantSource("x"), symbolic_context=context)
+    plan = dispatch.plan(torch.fx.symbolic_trace(model), [x])
+    assert plan.graphs[0].dynamic
+    # Weight transposes are static but compute nothing: no onnxrt region for them.
+    assert {r.route for r in plan.regions} == {"eager"}
+    assert any("dynamic shape" in r.rejected["onnxrt"] for r in plan.regions)
+
+
+def test_plan_is_serialisable():
+    import json
+
+    plan = fake_plan(CustomOpMLP(), "cpu", (4, 16))
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert data["graphs"][0]["regions"][0]["route"] in ("onnxrt", "eager")
+    assert "onnxrt" in str(plan)
