@@ -22,7 +22,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .explain import Explanation
+    from .explanation import Explanation
     from .region import Plan, Region
 
 __version__ = "0.1.0"
@@ -63,7 +63,7 @@ def plan(gm: Any, example_inputs: Any, **options: Any) -> Plan:
 
 def explain(fn: Any, *args: Any, **kwargs: Any) -> Explanation:
     """Compile ``fn`` with ``auto``, run it once, and report what ran where."""
-    from .explain import explain as explain_fn
+    from .explanation import explain as explain_fn
 
     return explain_fn(fn, *args, **kwargs)
 
@@ -81,7 +81,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(region, name)
     if name == "Explanation":
-        from .explain import Explanation
+        from .explanation import Explanation
 
         return Explanation
     raise AttributeError(f"module 'dispatch' has no attribute {name!r}")

@@ -112,7 +112,9 @@ class _GraphCompiler:
             return direct.forward
         return wrapped
 
-    def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
+    def compile(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str
+    ) -> Callable[..., Any]:
         try:
             graph_plan, split = plan_graph(gm, kind, self.config, self.graph_index)
         except DispatchError as error:

@@ -16,7 +16,6 @@ from typing import Any
 
 from .errors import ConfigError
 
-ROUTE_NAMES = ("eager", "inductor", "onnxrt", "triton", "cudagraphs")
 OPTION_KEYS = ("routes", "strict", "autotune", "verify", "min_region_size", "cache_dir")
 LOG_LEVELS = ("warning", "info", "debug")
 _TRUE = ("1", "true", "yes", "on")
@@ -86,7 +85,7 @@ class Config:
             if isinstance(routes, str) or not isinstance(routes, (list, tuple)) or not routes:
                 raise ConfigError(
                     f"options['routes'] must be a non-empty list of route names from "
-                    f"{list(ROUTE_NAMES)}, got {routes!r}"
+                    f"{route_names()}, got {routes!r}"
                 )
             changes["routes"] = tuple(_route_name(r, "options['routes']") for r in routes)
         for key in ("strict", "autotune", "verify"):
@@ -98,15 +97,12 @@ class Config:
             size = options["min_region_size"]
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ConfigError(
-                    f"options['min_region_size'] must be an int >= 1 (compute ops per region), "
-                    f"got {size!r}"
+                    f"options['min_region_size'] must be an int >= 1 (compute ops per region), got {size!r}"
                 )
             changes["min_region_size"] = size
         if "cache_dir" in options:
             if not isinstance(options["cache_dir"], (str, os.PathLike)):
-                raise ConfigError(
-                    f"options['cache_dir'] must be a path, got {options['cache_dir']!r}"
-                )
+                raise ConfigError(f"options['cache_dir'] must be a path, got {options['cache_dir']!r}")
             changes["cache_dir"] = Path(options["cache_dir"])
         return replace(self, **changes)
 
@@ -135,14 +131,20 @@ class Config:
         if config.routes is not None and not [r for r in config.routes if r not in config.disabled]:
             raise ConfigError(
                 f"every allowed route {list(config.routes)} is disabled by {ENV_DISABLE}="
-                f"{','.join(sorted(config.disabled))}; allow at least one of {list(ROUTE_NAMES)}"
+                f"{','.join(sorted(config.disabled))}; allow at least one of {route_names()}"
             )
         return config
 
 
+def route_names() -> list[str]:
+    from .routes import registry
+
+    return registry.names()
+
+
 def _route_name(name: Any, where: str) -> str:
-    if name not in ROUTE_NAMES:
-        raise ConfigError(f"{where}: unknown route {name!r}; valid routes: {list(ROUTE_NAMES)}")
+    if name not in route_names():
+        raise ConfigError(f"{where}: unknown route {name!r}; valid routes: {route_names()}")
     return name
 
 

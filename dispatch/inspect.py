@@ -51,9 +51,7 @@ def is_symbolic(node: torch.fx.Node) -> bool:
     for v in flat_values(node):
         if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return True
-        if isinstance(v, torch.Tensor) and any(
-            isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride())
-        ):
+        if isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride())):
             return True
     return False
 

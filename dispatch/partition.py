@@ -55,7 +55,11 @@ def form_regions(
             kept = []
             for partition in partitions:
                 size = _compute_count(partition.nodes)
-                if route != "eager" and size < min_region_size and _demote(partition.nodes, choices, route, size, min_region_size):
+                if (
+                    route != "eager"
+                    and size < min_region_size
+                    and _demote(partition.nodes, choices, route, size, min_region_size)
+                ):
                     continue
                 kept.append(partition)
             if not kept:

@@ -30,7 +30,6 @@ from .region import GraphPlan
 from .routes import Availability, Route, registry
 from .rules import default_rule
 
-
 # Why a route was rejected, so that strict mode raises the matching error.
 WHY_DEVICE = "device"
 WHY_UNAVAILABLE = "unavailable"
@@ -92,7 +91,9 @@ def route_verdict(
     return None if reason is None else (WHY_OP, reason)
 
 
-def choose_routes(gm: torch.fx.GraphModule, facts: GraphFacts, config: Config) -> dict[torch.fx.Node, NodeChoice]:
+def choose_routes(
+    gm: torch.fx.GraphModule, facts: GraphFacts, config: Config
+) -> dict[torch.fx.Node, NodeChoice]:
     """Each compute node's route chain; ``getitem`` nodes follow their producer."""
     choices: dict[torch.fx.Node, NodeChoice] = {}
     orders: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
@@ -146,7 +147,9 @@ def _strict_error(node: torch.fx.Node, choice: NodeChoice, order: tuple[str, ...
     device = choice.device
     reasons = "; ".join(f"{r}: {choice.rejected.get(r, '?')}" for r in order) or "no route allowed"
     where = f"{op_name(node)} (node {node.name}) on {device}"
-    advice = "unset DISPATCH_STRICT, or allow 'eager' (DISPATCH_ROUTE unset or options['routes'] with 'eager')"
+    advice = (
+        "unset DISPATCH_STRICT, or allow 'eager' (DISPATCH_ROUTE unset or options['routes'] with 'eager')"
+    )
     if order and all(choice.why.get(r) == WHY_DEVICE for r in order):
         route = order[0]
         if device == "mps" and route == "inductor":
@@ -155,5 +158,7 @@ def _strict_error(node: torch.fx.Node, choice: NodeChoice, order: tuple[str, ...
             f"route {route!r} cannot serve device {device!r} for {where}: {reasons}. Instead: {advice}"
         )
     if order and all(choice.why.get(r) == WHY_UNAVAILABLE for r in order):
-        return RouteUnavailableError(f"forced route(s) {list(order)} unavailable for {where}: {reasons}. Instead: {advice}")
+        return RouteUnavailableError(
+            f"forced route(s) {list(order)} unavailable for {where}: {reasons}. Instead: {advice}"
+        )
     return UnsupportedOpError(f"no allowed route can run {where}: {reasons}. Instead: {advice}")

@@ -84,6 +84,6 @@ class Plan:
         return {"graphs": [g.to_dict() for g in self.graphs]}
 
     def __str__(self) -> str:
-        from .explain import region_table
+        from .explanation import region_table
 
         return region_table(self.regions)

@@ -57,7 +57,7 @@ class RegionRunner(torch.nn.Module):
             fn = self._prepare(args)
         try:
             return fn(*args)
-        except Exception as error:  # noqa: BLE001 (any route failure falls back)
+        except Exception as error:
             return self._after_failure("run", error, args)
 
     def _prepare(self, args: Sequence[Any]) -> CompiledFn:
@@ -71,7 +71,7 @@ class RegionRunner(torch.nn.Module):
                         fn = registry.get(route).compile(self.gm, args)
                     if self.config.verify and route != "eager":
                         self._verify(fn, args)
-                except Exception as error:  # noqa: BLE001
+                except Exception as error:
                     self._next_route("compile", error)
                     continue
                 self._fn = fn
@@ -109,7 +109,14 @@ class RegionRunner(torch.nn.Module):
         for i, (e, g) in enumerate(zip(expected, got, strict=True)):
             if isinstance(e, torch.Tensor):
                 rtol, atol = _tolerance(e.dtype)
-                torch.testing.assert_close(g, e, rtol=rtol, atol=atol, check_device=True, msg=lambda m, i=i: f"output {i} differs from eager: {m}")
+                torch.testing.assert_close(
+                    g,
+                    e,
+                    rtol=rtol,
+                    atol=atol,
+                    check_device=True,
+                    msg=lambda m, i=i: f"output {i} differs from eager: {m}",
+                )
 
 
 def _tolerance(dtype: torch.dtype) -> tuple[float, float]:

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 # One Inductor cache for the whole session: a cold C++ compile costs seconds.
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "dispatch-tests-inductor"))
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "dispatch-tests-inductor")
+)
 
-from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 
 @pytest.fixture(autouse=True)

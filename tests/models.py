@@ -47,8 +47,12 @@ class CustomOpMLP(torch.nn.Module):
 
     def __init__(self, width: int = 16) -> None:
         super().__init__()
-        self.a = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width))
-        self.b = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width))
+        self.a = torch.nn.Sequential(
+            torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width)
+        )
+        self.b = torch.nn.Sequential(
+            torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(scaled_tanh(self.a(x), 0.5))

@@ -57,7 +57,9 @@ def test_bad_options(options):
 
 
 def test_environment_overrides_options():
-    config = Config.resolve({"routes": ["onnxrt"], "strict": False}, env={"DISPATCH_ROUTE": "inductor", "DISPATCH_STRICT": "1"})
+    config = Config.resolve(
+        {"routes": ["onnxrt"], "strict": False}, env={"DISPATCH_ROUTE": "inductor", "DISPATCH_STRICT": "1"}
+    )
     assert config.routes == ("inductor",)
     assert config.strict
     relaxed = Config.resolve({}, env={"DISPATCH_ROUTE": "inductor"})

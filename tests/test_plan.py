@@ -58,7 +58,10 @@ def test_forced_route_without_strict_falls_back_to_eager_and_says_why(monkeypatc
 def test_cuda_plans_without_a_gpu():
     plan = fake_plan(MLP(), "cuda", (4, 16))
     assert plan.regions and all(r.devices == {"cuda"} for r in plan.regions)
-    assert "onnxruntime-gpu" in plan.regions[0].rejected["onnxrt"] or "not chosen" in plan.regions[0].rejected["onnxrt"]
+    assert (
+        "onnxruntime-gpu" in plan.regions[0].rejected["onnxrt"]
+        or "not chosen" in plan.regions[0].rejected["onnxrt"]
+    )
 
 
 def test_onnxrt_on_cuda_needs_onnxruntime_gpu():
@@ -129,7 +132,10 @@ def test_training_graphs_are_not_sent_to_onnxrt():
     plan = dispatch.plan(torch.fx.symbolic_trace(model), [x])
     assert plan.regions and all(r.kind in ("forward", "backward") for r in plan.regions)
     assert all(r.route != "onnxrt" for r in plan.regions)
-    assert any("inference only" in r.rejected.get("onnxrt", "") or "not chosen" in r.rejected.get("onnxrt", "") for r in plan.regions)
+    assert any(
+        "inference only" in r.rejected.get("onnxrt", "") or "not chosen" in r.rejected.get("onnxrt", "")
+        for r in plan.regions
+    )
 
 
 def test_training_forced_onnxrt_reason_is_inference_only():

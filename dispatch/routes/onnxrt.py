@@ -45,7 +45,9 @@ class OnnxRoute(Route):
             except ImportError as e:
                 missing.append(f"{module} ({e})")
         if missing:
-            return Availability(False, None, "not installed: " + ", ".join(missing) + "; pip install dispatch[onnx]")
+            return Availability(
+                False, None, "not installed: " + ", ".join(missing) + "; pip install dispatch[onnx]"
+            )
         import onnxruntime
 
         return Availability(True, onnxruntime.__version__)
@@ -142,7 +144,10 @@ class _BoundRunner:
 
         self.session = session
         self.feeds = [(name, i) for name, i in zip(names, inputs)]
-        self.outputs = [(name, tuple(meta.shape), meta.dtype, _np_dtype(meta.dtype)) for name, meta in zip(outputs, expected)]
+        self.outputs = [
+            (name, tuple(meta.shape), meta.dtype, _np_dtype(meta.dtype))
+            for name, meta in zip(outputs, expected)
+        ]
         self.device = device
         self.device_type = device.type
         self.index = device.index or 0
@@ -164,7 +169,9 @@ class _BoundRunner:
                 t = t.contiguous()
             key = (t.data_ptr(), t.shape, t.dtype)
             if bound[k] != key:
-                binding.bind_input(name, self.device_type, self.index, _np_dtype(t.dtype), list(t.shape), t.data_ptr())
+                binding.bind_input(
+                    name, self.device_type, self.index, _np_dtype(t.dtype), list(t.shape), t.data_ptr()
+                )
                 bound[k] = key
         results = []
         for name, shape, dtype, np_dtype in self.outputs:

@@ -40,6 +40,10 @@ class RouteRegistry:
         self._routes[route.name] = route
         return old
 
+    def remove(self, name: str) -> Route:
+        """Unregister ``name`` (for tests and plug-ins that undo themselves)."""
+        return self._routes.pop(name)
+
     def get(self, name: str) -> Route:
         try:
             return self._routes[name]

@@ -1,0 +1,52 @@
+"""How each benchmark column turns a model into a callable.
+
+eager: the module itself. inductor: torch.compile(backend="inductor").
+onnxrt_direct: the whole model exported with torch.onnx.export and run by an
+ONNX Runtime session, fed and read through numpy as a user would. auto: ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+COLUMNS = ("eager", "inductor", "onnxrt_direct", "auto")
+
+
+def make(column: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    """A zero-argument callable running ``model`` on ``inputs`` through ``column``."""
+    if column == "eager":
+        return lambda: model(*inputs)
+    if column == "inductor":
+        compiled = torch.compile(model, backend="inductor")
+        return lambda: compiled(*inputs)
+    if column == "auto":
+        compiled = torch.compile(model, backend="auto")
+        return lambda: compiled(*inputs)
+    if column == "onnxrt_direct":
+        return _onnxrt_direct(model, inputs)
+    raise ValueError(f"unknown column {column!r}; columns: {COLUMNS}")
+
+
+def _onnxrt_direct(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    import onnxruntime as ort
+
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(model, inputs, dynamo=True, verbose=False, report=False)
+    session = ort.InferenceSession(
+        program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    names = [i.name for i in session.get_inputs()]
+
+    def run() -> Any:
+        feeds = {n: t.numpy() for n, t in zip(names, inputs)}
+        outs = [torch.from_numpy(o) for o in session.run(None, feeds)]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return run

@@ -1,0 +1,69 @@
+"""Sessions: tests, slow, gpu, lint, demo, bench.
+
+Every session pins the CPU build of torch that lies on this machine's disk
+(torch==2.13.0) before installing the package, so an unpinned ``torch`` never
+pulls a multi-GB CUDA build. On a GPU machine set DISPATCH_TORCH to the torch
+requirement you want (for example ``torch==2.13.0`` from the CUDA index, with
+PIP_EXTRA_INDEX_URL pointing there).
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "tests"]
+
+PYTHON = "3.11"
+TORCH = os.environ.get("DISPATCH_TORCH", "torch==2.13.0")
+
+
+def install(session: nox.Session, *extras: str) -> None:
+    session.install(TORCH)
+    spec = f".[{','.join(extras)}]" if extras else "."
+    session.install("-e", spec)
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The suite that CI runs: everything but the slow and GPU-only tests."""
+    install(session, "test")
+    session.run("pytest", "-m", "not slow and not gpu", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def slow(session: nox.Session) -> None:
+    """Long runs kept out of the default suite."""
+    install(session, "test")
+    session.run("pytest", "-m", "slow", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def gpu(session: nox.Session) -> None:
+    """Tests that need a CUDA device (they skip with a reason elsewhere)."""
+    install(session, "test", "triton")
+    session.run("pytest", "-m", "gpu", "-rs", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.8")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """The main job: compile a small model with backend="auto", run it, show what ran where."""
+    install(session)
+    session.run("python", "examples/demo.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmark eager, inductor, direct ONNX Runtime and auto; results under benchmarks/results/."""
+    install(session, "bench")
+    session.run("python", "-m", "benchmarks.run", *session.posargs)

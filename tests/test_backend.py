@@ -1,0 +1,175 @@
+"""End to end through torch.compile(backend="auto") on CPU."""
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import dispatch
+from tests.models import MLP, CustomOpMLP
+
+
+def test_backend_is_registered_and_listed():
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert "auto" in torch._dynamo.list_backends()
+    assert lookup_backend("auto") is not None
+
+
+def test_entry_point_is_declared():
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="torch_dynamo_backends") if e.name == "auto"]
+    assert ep.value == "dispatch:auto"
+
+
+def test_compile_by_name_without_importing_dispatch():
+    code = (
+        "import sys, torch\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()\n"
+        "x = torch.randn(2, 4)\n"
+        "with torch.no_grad():\n"
+        "    torch.testing.assert_close(torch.compile(m, backend='auto')(x), m(x))\n"
+        "print('dispatch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("True")  # loaded through the entry point
+
+
+@torch.no_grad()
+def test_inference_mlp_runs_on_onnxrt_and_matches_eager():
+    model = MLP().eval()
+    x = torch.randn(8, 16)
+    explanation = dispatch.explain(model, x)
+    assert [r.route for r in explanation.regions] == ["onnxrt"]
+    compiled = torch.compile(model, backend="auto")
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled(x * 2), model(x * 2), rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_custom_op_runs_eager_between_onnxrt_regions():
+    model = CustomOpMLP().eval()
+    x = torch.randn(8, 16)
+    explanation = dispatch.explain(model, x)
+    routes = [r.route for r in explanation.regions]
+    assert sorted(routes) == ["eager", "onnxrt", "onnxrt"]
+    (eager,) = [r for r in explanation.regions if r.route == "eager"]
+    assert eager.ops == ("dispatch_tests.scaled_tanh.default",)
+    compiled = torch.compile(model, backend="auto")
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_graph_breaks_match_dynamo_explain():
+    def fn(x):
+        y = torch.relu(x) * 2
+        print("graph break")
+        return torch.sigmoid(y) + 1
+
+    x = torch.randn(4, 4)
+    with torch.no_grad():
+        ours = dispatch.explain(fn, x)
+        theirs = torch._dynamo.explain(fn)(x)
+    assert ours.graph_count == theirs.graph_count == 2
+    assert ours.graph_break_count == theirs.graph_break_count == 1
+    assert ours.op_count == theirs.op_count
+    assert {r.graph for r in ours.regions} == {0, 1}
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(fn, backend="auto")(x), fn(x))
+
+
+def test_explain_with_backend_auto_works():
+    from torch._dynamo.backends.debugging import ExplainWithBackend
+
+    explainer = ExplainWithBackend("auto")
+    model = MLP().eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        out = torch.compile(model, backend=explainer)(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    assert explainer.output().graph_count == 1
+
+
+def test_explanation_table_and_dict():
+    import json
+
+    with torch.no_grad():
+        explanation = dispatch.explain(CustomOpMLP().eval(), torch.randn(4, 16))
+    text = str(explanation)
+    assert "Graph Count: 1" in text and "onnxrt" in text and "scaled_tanh" in text
+    assert "cannot translate" in text
+    data = json.loads(explanation.to_json())
+    assert data["graph_count"] == 1 and len(data["regions"]) == 3
+
+
+def test_mixed_dtypes_with_inplace_ops():
+    def fn(a, b):
+        c = a.clone()
+        c.mul_(2).add_(1)
+        d = b.double() * 3
+        d.sub_(a.double())
+        b.add_(1)  # mutates an input
+        return c, d, c.to(torch.float64) + d
+
+    a = torch.randn(4, 4)
+    b = torch.randn(4, 4, dtype=torch.float64)
+    a_ref, b_ref = a.clone(), b.clone()
+    with torch.no_grad():
+        expected = fn(a_ref, b_ref)
+        got = torch.compile(fn, backend="auto")(a, b)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g, e)
+    torch.testing.assert_close(b, b_ref)  # the input mutation happened, once
+
+
+def test_training_gradients_equal_eager():
+    torch.manual_seed(0)
+    model = MLP(width=8, depth=2)
+    reference = MLP(width=8, depth=2)
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(4, 8)
+    compiled = torch.compile(model, backend="auto")
+    compiled(x).pow(2).sum().backward()
+    reference(x).pow(2).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def test_training_with_custom_op_runs_backward_through_it():
+    torch.manual_seed(0)
+    model = CustomOpMLP(width=8)
+    reference = CustomOpMLP(width=8)
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(4, 8)
+    compiled = torch.compile(model, backend="auto", options={"routes": ["eager"]})
+    compiled(x).sum().backward()
+    reference(x).sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_unexpected_backend_kwargs_raise_config_error():
+    compiled = torch.compile(torch.nn.Linear(2, 2), backend="auto", mode="max-autotune")
+    with pytest.raises(dispatch.ConfigError, match="mode"):
+        compiled(torch.randn(1, 2))
+
+
+def test_available_routes_and_doctor():
+    routes = dispatch.available_routes()
+    assert routes["eager"]["available"] is True
+    assert set(routes) >= {"eager", "inductor", "onnxrt"}
+    out = subprocess.run([sys.executable, "-m", "dispatch"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "onnxrt" in out.stdout and "eager" in out.stdout
+
+
+def test_no_warning_on_the_happy_path():
+    model = MLP().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dispatch.stitch.FallbackWarning)
+        with torch.no_grad():
+            torch.compile(model, backend="auto")(torch.randn(2, 16))

@@ -1,0 +1,177 @@
+"""Failing routes: every region falls back alone, warns once, and stays correct."""
+
+import warnings
+
+import pytest
+import torch
+
+import dispatch
+from dispatch.routes import Route, registry
+from dispatch.stitch import FallbackWarning
+from tests.models import MLP, CustomOpMLP
+
+
+class DemoRoute(Route):
+    """A route of the tests' own: runs pointwise relu/add/mul regions, counting calls."""
+
+    name = "demo"
+    devices = frozenset({"cpu"})
+    trains = False
+
+    def __init__(self, mode="ok"):
+        self.mode = mode
+        self.calls = 0
+        self.compiles = 0
+
+    def supports(self, node, graph):
+        allowed = ("aten.relu.default", "aten.add.Tensor", "aten.mul.Tensor")
+        return None if str(node.target) in allowed else f"demo runs only {allowed}"
+
+    def compile(self, gm, example_inputs):
+        self.compiles += 1
+        if self.mode == "compile-error":
+            raise RuntimeError("demo compiler exploded")
+
+        def run(*args):
+            self.calls += 1
+            if self.mode == "run-error":
+                raise RuntimeError("demo kernel crashed")
+            out = gm(*args)
+            if self.mode == "wrong":
+                return tuple(o + 1 for o in out)
+            return out
+
+        return run
+
+
+@pytest.fixture
+def demo(request):
+    route = DemoRoute(getattr(request, "param", "ok"))
+    registry.replace(route)
+    yield route
+    registry.remove("demo")
+
+
+def pointwise(x, y):
+    return (torch.relu(x) + y) * 2, torch.relu(y) * 3
+
+
+INPUTS = (torch.randn(4, 4), torch.randn(4, 4))
+
+
+def test_demo_route_runs_its_regions(demo):
+    compiled = torch.compile(pointwise, backend="auto", options={"routes": ["demo", "eager"]})
+    with torch.no_grad():
+        for g, e in zip(compiled(*INPUTS), pointwise(*INPUTS)):
+            torch.testing.assert_close(g, e)
+    assert demo.calls == 1 and demo.compiles == 1
+
+
+@pytest.mark.parametrize("demo", ["compile-error"], indirect=True)
+def test_compile_failure_falls_back_with_one_warning(demo):
+    compiled = torch.compile(pointwise, backend="auto", options={"routes": ["demo", "eager"]})
+    with pytest.warns(FallbackWarning, match="demo compiler exploded") as record:
+        out = compiled(*INPUTS)
+    assert len([w for w in record if issubclass(w.category, FallbackWarning)]) == 1
+    for g, e in zip(out, pointwise(*INPUTS)):
+        torch.testing.assert_close(g, e)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        compiled(*INPUTS)  # no second warning, no second compile attempt
+    assert demo.compiles == 1
+
+
+@pytest.mark.parametrize("demo", ["run-error"], indirect=True)
+def test_run_failure_falls_back_for_good(demo):
+    options = {"routes": ["demo", "eager"]}
+    compiled = torch.compile(pointwise, backend="auto", options=options)
+    with pytest.warns(FallbackWarning, match="failed to run"):
+        out = compiled(*INPUTS)
+    for g, e in zip(out, pointwise(*INPUTS)):
+        torch.testing.assert_close(g, e)
+    calls = demo.calls
+    compiled(*INPUTS)
+    assert demo.calls == calls  # the region no longer tries the failed route
+    explanation = dispatch.explain(pointwise, *INPUTS, options=options)
+    assert all(r.route == "eager" for r in explanation.regions)
+    assert any(
+        "run failed: RuntimeError: demo kernel crashed" in r.rejected.get("demo", "")
+        for r in explanation.regions
+    )
+
+
+@pytest.mark.parametrize("demo", ["compile-error"], indirect=True)
+def test_forced_strict_failure_is_raised(demo, monkeypatch):
+    monkeypatch.setenv("DISPATCH_ROUTE", "demo")
+    monkeypatch.setenv("DISPATCH_STRICT", "1")
+    compiled = torch.compile(lambda x: torch.relu(x) * 2 + 1, backend="auto")
+    with pytest.raises(dispatch.RouteFailedError) as info:
+        compiled(torch.randn(3))
+    message = str(info.value)
+    assert "'demo'" in message and "cpu" in message and "aten.relu.default" in message
+    assert "DISPATCH_STRICT" in message
+
+
+@pytest.mark.parametrize("demo", ["wrong"], indirect=True)
+def test_verify_catches_wrong_numbers(demo, monkeypatch):
+    monkeypatch.setenv("DISPATCH_VERIFY", "1")
+    compiled = torch.compile(pointwise, backend="auto", options={"routes": ["demo", "eager"]})
+    with pytest.warns(FallbackWarning, match="differs from eager"):
+        out = compiled(*INPUTS)
+    for g, e in zip(out, pointwise(*INPUTS)):
+        torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("demo", ["wrong"], indirect=True)
+def test_without_verify_wrong_route_is_not_second_guessed(demo):
+    # Documents what verify is for: without it, a wrong route's numbers go through.
+    compiled = torch.compile(pointwise, backend="auto", options={"routes": ["demo", "eager"]})
+    out = compiled(*INPUTS)
+    assert not torch.allclose(out[0], pointwise(*INPUTS)[0])
+
+
+def test_onnxrt_export_failure_falls_back_per_region(monkeypatch):
+    import dispatch.routes.onnxrt as onnxrt
+
+    exports = []
+
+    def flaky_export(gm, example_inputs):
+        exports.append(gm)
+        if len(exports) == 1:
+            raise RuntimeError("simulated exporter bug")
+        return real_export(gm, example_inputs)
+
+    real_export = onnxrt.export_region
+    monkeypatch.setattr(onnxrt, "export_region", flaky_export)
+    model = CustomOpMLP().eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad(), pytest.warns(FallbackWarning, match="simulated exporter bug"):
+        explanation = dispatch.explain(model, x)
+    routes = sorted(r.route for r in explanation.regions)
+    assert routes == ["eager", "eager", "onnxrt"]  # only the failed region moved
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_forced_unavailable_route_strict_raises(monkeypatch):
+    from dispatch.routes.base import Availability
+
+    class Missing(DemoRoute):
+        def available(self):
+            return Availability(False, None, "demo-runtime is not installed")
+
+    registry.replace(Missing())
+    try:
+        from dispatch import planner
+
+        planner._availability.cache_clear()
+        with pytest.raises(dispatch.RouteUnavailableError, match="demo-runtime is not installed"):
+            dispatch.plan(
+                torch.fx.symbolic_trace(MLP().eval().requires_grad_(False)),
+                [torch.randn(2, 16)],
+                routes=["demo"],
+                strict=True,
+            )
+    finally:
+        registry.remove("demo")
+        planner._availability.cache_clear()
