@@ -22,7 +22,13 @@ from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
 from .config import Config
 from .errors import ConfigError, DispatchError
-from .inspect import GRAPH_BACKWARD, GRAPH_FORWARD, GRAPH_INFERENCE
+from .inspect import (
+    GRAPH_BACKWARD,
+    GRAPH_FORWARD,
+    GRAPH_INFERENCE,
+    mark_static_inputs,
+    static_input_positions,
+)
 from .planner import plan_graph
 from .record import recorder
 from .region import Plan
@@ -50,6 +56,9 @@ def auto(
     except DispatchError as error:
         return _raiser(error)
     compiler = _GraphCompiler(config, recorder.next_graph_index(), plan_only=False)
+    compiler.static_inputs = static_input_positions(gm)
+    compiler.lifted = sum(1 for _ in gm.parameters()) + sum(1 for _ in gm.buffers())
+    compiler.num_inputs = len(example_inputs)
     return compiler.aot(gm, example_inputs)
 
 
@@ -91,6 +100,9 @@ class _GraphCompiler:
         self.plan_only = plan_only
         self.plans: list = []
         self.direct: torch.fx.GraphModule | None = None
+        self.static_inputs: frozenset[int] = frozenset()
+        self.lifted = 0
+        self.num_inputs = 0
 
     def aot(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         wrapped = aot_module_simplified(
@@ -115,6 +127,9 @@ class _GraphCompiler:
     def compile(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str
     ) -> Callable[..., Any]:
+        placeholders = gm.graph.find_nodes(op="placeholder")
+        if kind == GRAPH_INFERENCE and len(placeholders) == self.lifted + self.num_inputs:
+            mark_static_inputs(gm, self.static_inputs, self.lifted)
         try:
             graph_plan, split = plan_graph(gm, kind, self.config, self.graph_index)
         except DispatchError as error:

@@ -17,6 +17,7 @@ import torch.fx
 META_VAL = "val"  # torch's own key: the fake value a node produces
 META_ROUTE = "dispatch_route"  # ours: the route a node was assigned to
 META_REGION = "dispatch_region"  # ours: index of the region that holds a node
+META_STATIC = "dispatch_static"  # ours: a placeholder fed by a parameter or buffer
 
 GRAPH_INFERENCE = "inference"
 GRAPH_FORWARD = "forward"
@@ -76,6 +77,29 @@ def node_dtypes(node: torch.fx.Node) -> frozenset[torch.dtype]:
     for arg in node.all_input_nodes:
         dtypes.update(t.dtype for t in tensor_values(arg))
     return frozenset(dtypes)
+
+
+def static_input_positions(dynamo_gm: torch.fx.GraphModule) -> frozenset[int]:
+    """Positions of a Dynamo graph's inputs that are parameters or buffers.
+
+    Dynamo marks them in ``meta["tensor_dict"]`` (the same mark AOTAutograd reads
+    for ``static_input_indices``)."""
+    placeholders = dynamo_gm.graph.find_nodes(op="placeholder")
+    return frozenset(
+        i
+        for i, node in enumerate(placeholders)
+        if node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")
+    )
+
+
+def mark_static_inputs(aten_gm: torch.fx.GraphModule, positions: frozenset[int], lifted: int) -> None:
+    """Flag the aten graph's placeholders fed by parameters or buffers.
+
+    AOTAutograd puts ``lifted`` parameters of the Dynamo module first, then the
+    Dynamo graph's inputs in order."""
+    for i, node in enumerate(aten_gm.graph.find_nodes(op="placeholder")):
+        if i < lifted or (i - lifted) in positions:
+            node.meta[META_STATIC] = True
 
 
 def compute_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:

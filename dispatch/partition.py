@@ -18,7 +18,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import create_op_support
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from .inspect import META_REGION, META_VAL, is_view_op, op_name
+from .inspect import META_REGION, META_STATIC, META_VAL, is_view_op, op_name
 from .region import Region
 
 if TYPE_CHECKING:
@@ -146,12 +146,14 @@ def _describe(nodes: object, choices: dict, route: str, device: str, graph_index
 
 
 def _annotate_placeholders(gm: torch.fx.GraphModule, names: set[str]) -> None:
-    """Give each region's placeholders the fake value of the argument that feeds them."""
+    """Give each region's placeholders the fake value (and static mark) of their argument."""
     for node in gm.graph.find_nodes(op="call_module"):
         if node.target not in names:
             continue
         sub = getattr(gm, node.target)
         placeholders = sub.graph.find_nodes(op="placeholder")
         for ph, arg in zip(placeholders, node.args):
-            if isinstance(arg, torch.fx.Node) and META_VAL in arg.meta:
-                ph.meta[META_VAL] = arg.meta[META_VAL]
+            if isinstance(arg, torch.fx.Node):
+                for key in (META_VAL, META_STATIC):
+                    if key in arg.meta:
+                        ph.meta[key] = arg.meta[key]

@@ -173,3 +173,29 @@ def test_no_warning_on_the_happy_path():
         warnings.simplefilter("error", dispatch.stitch.FallbackWarning)
         with torch.no_grad():
             torch.compile(model, backend="auto")(torch.randn(2, 16))
+
+
+@torch.no_grad()
+def test_weights_changed_in_place_are_picked_up():
+    # onnxrt bakes parameters into the ONNX model; changing one in place must
+    # re-export the region rather than run stale weights.
+    model = MLP().eval()
+    x = torch.randn(4, 16)
+    compiled = torch.compile(model, backend="auto")
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    model.net[0].weight.mul_(2)
+    model.net[2].bias.add_(1)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    model.load_state_dict(MLP().state_dict())
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_conv_batchnorm_eval_matches_eager():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).eval()
+    model[1].running_mean.uniform_(-1, 1)
+    model[1].running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 16, 16)
+    explanation = dispatch.explain(model, x)
+    assert [r.route for r in explanation.regions] == ["onnxrt"]
+    torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x), rtol=1e-4, atol=1e-4)

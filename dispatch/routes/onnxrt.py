@@ -10,6 +10,7 @@ is copied or converted through numpy.
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import logging
@@ -21,10 +22,12 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..inspect import GraphFacts, is_symbolic, tensor_values
+from ..inspect import META_STATIC, GraphFacts, is_symbolic, tensor_values
 from .base import Availability, CompiledFn, Route
 from .onnx_ops import translatable
 from .registry import registry
+
+log = logging.getLogger("dispatch")
 
 _NO_NUMPY_DTYPE = (torch.bfloat16, torch.complex32)
 SMALL_REGION_NUMEL = 4096
@@ -77,37 +80,91 @@ class OnnxRoute(Route):
         return None
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
-        import onnxruntime as ort
+        return _FrozenWeightsRunner(gm, example_inputs)
 
-        model = export_region(gm, example_inputs)
-        device = _region_device(example_inputs)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
-        if _largest_numel(gm) < SMALL_REGION_NUMEL:
-            # Measured (benchmarks/README.md): on tiny tensors ORT's thread pool
-            # costs more than it parallelises.
-            options.intra_op_num_threads = 1
-        if device.type == "cuda":
-            providers = [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
+
+class _FrozenWeightsRunner:
+    """An ORT session for one region, with its parameters and buffers baked in.
+
+    Inputs that Dynamo marks as parameters or buffers become ONNX initializers,
+    so ORT can fold them (BatchNorm into Conv, transposes of weights) and
+    pre-pack them, as it does for a model exported whole. Their version
+    counters are checked on every call: a weight changed in place (an optimizer
+    step, ``load_state_dict``) re-exports the region instead of running stale
+    weights.
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+        self.gm = gm
+        placeholders = gm.graph.find_nodes(op="placeholder")
+        self.frozen = [i for i, p in enumerate(placeholders) if p.meta.get(META_STATIC)]
+        self._build(example_inputs)
+
+    def _build(self, args: Sequence[Any]) -> None:
+        self.versions = [(i, args[i]._version, args[i].data_ptr()) for i in self.frozen]
+        self.run = _session_runner(self.gm, args, frozenset(self.frozen))
+
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        for i, version, ptr in self.versions:
+            t = args[i]
+            if t._version != version or t.data_ptr() != ptr:
+                log.info("onnxrt: a baked weight changed in place; re-exporting the region")
+                self._build(args)
+                break
+        return self.run(*args)
+
+
+def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> CompiledFn:
+    import onnxruntime as ort
+
+    model = export_region(gm, args, frozen)
+    device = _region_device(args)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    if _largest_numel(gm) < SMALL_REGION_NUMEL:
+        # Measured (benchmarks/README.md): on tiny tensors ORT's thread pool
+        # costs more than it parallelises.
+        options.intra_op_num_threads = 1
+    if device.type == "cuda":
+        providers = [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
+    else:
+        providers = ["CPUExecutionProvider"]
+    session = ort.InferenceSession(model, options, providers=providers)
+    names = [p.name for p in gm.graph.find_nodes(op="placeholder")]
+    inputs = [names.index(i.name) for i in session.get_inputs()]
+    outputs = [o.name for o in session.get_outputs()]
+    expected = _output_values(gm)
+    if len(outputs) != len(expected):
+        raise RuntimeError(f"onnxrt: exported model has {len(outputs)} outputs, the region has {len(expected)}")
+    feed_names = [i.name for i in session.get_inputs()]
+    return _BoundRunner(session, feed_names, inputs, outputs, expected, device)
+
+
+def export_region(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], frozen: frozenset[int] = frozenset()
+) -> bytes:
+    """The ONNX model bytes of an aten region, exported with static shapes.
+
+    Placeholders at the ``frozen`` positions become constants (buffers of the
+    exported module) holding the values in ``example_inputs``.
+    """
+    root = torch.nn.Module()
+    graph = copy.deepcopy(gm.graph)
+    args = []
+    for i, node in enumerate(graph.find_nodes(op="placeholder")):
+        value = example_inputs[i]
+        value = value.detach() if isinstance(value, torch.Tensor) else value
+        if i in frozen:
+            name = f"frozen_{node.name}"
+            root.register_buffer(name, value)
+            with graph.inserting_before(node):
+                constant = graph.get_attr(name)
+            node.replace_all_uses_with(constant)
+            graph.erase_node(node)
         else:
-            providers = ["CPUExecutionProvider"]
-        session = ort.InferenceSession(model, options, providers=providers)
-        names = [p.name for p in gm.graph.find_nodes(op="placeholder")]
-        inputs = [names.index(i.name) for i in session.get_inputs()]
-        outputs = [o.name for o in session.get_outputs()]
-        expected = _output_values(gm)
-        if len(outputs) != len(expected):
-            raise RuntimeError(
-                f"onnxrt: exported model has {len(outputs)} outputs, the region has {len(expected)}"
-            )
-        feed_names = [i.name for i in session.get_inputs()]
-        return _BoundRunner(session, feed_names, inputs, outputs, expected, device)
-
-
-def export_region(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bytes:
-    """The ONNX model bytes of an aten region, exported with static shapes."""
-    args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in example_inputs)
+            args.append(value)
+    module = torch.fx.GraphModule(root, graph)
     quiet = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript")]
     levels = [q.level for q in quiet]
     for q in quiet:
@@ -116,7 +173,7 @@ def export_region(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> by
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
-                gm, args, dynamo=True, optimize=True, verbose=False, report=False, verify=False
+                module, tuple(args), dynamo=True, optimize=True, verbose=False, report=False, verify=False
             )
     finally:
         for q, level in zip(quiet, levels):
