@@ -63,7 +63,7 @@ def per_call(model_name: str, names: list[str], seconds: float) -> dict:
         means: dict[str, list[float]] = {name: [] for name in fns}
         deadline = time.perf_counter() + seconds
         rounds = 0
-        while rounds < 5 or (time.perf_counter() < deadline and rounds < 200):
+        while rounds < 5 or (time.perf_counter() < deadline and rounds < 100):
             for name, fn in fns.items():
                 n = batch[name]
                 start = time.perf_counter()
@@ -78,7 +78,7 @@ def per_call(model_name: str, names: list[str], seconds: float) -> dict:
     return {"model": model_name, "columns": results}
 
 
-def _calls_per_batch(fn, target: float = 0.02) -> int:
+def _calls_per_batch(fn, target: float = 0.1) -> int:
     start = time.perf_counter()
     fn()
     one = max(time.perf_counter() - start, 1e-6)

@@ -21,6 +21,7 @@ import torch.fx
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
 from .config import Config
+from .decompositions import onnx_friendly
 from .errors import ConfigError, DispatchError
 from .inspect import (
     GRAPH_BACKWARD,
@@ -59,6 +60,8 @@ def auto(
     compiler.static_inputs = static_input_positions(gm)
     compiler.lifted = sum(1 for _ in gm.parameters()) + sum(1 for _ in gm.buffers())
     compiler.num_inputs = len(example_inputs)
+    if _onnxrt_may_run(config, example_inputs):
+        compiler.decompositions = onnx_friendly()
     return compiler.aot(gm, example_inputs)
 
 
@@ -103,6 +106,7 @@ class _GraphCompiler:
         self.static_inputs: frozenset[int] = frozenset()
         self.lifted = 0
         self.num_inputs = 0
+        self.decompositions: dict[Any, Callable[..., Any]] | None = None
 
     def aot(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         wrapped = aot_module_simplified(
@@ -111,6 +115,7 @@ class _GraphCompiler:
             fw_compiler=functools.partial(self.compile, kind=GRAPH_FORWARD),
             bw_compiler=functools.partial(self.compile, kind=GRAPH_BACKWARD),
             inference_compiler=functools.partial(self.compile, kind=GRAPH_INFERENCE),
+            decompositions=self.decompositions,
         )
         direct = self.direct
         if (
@@ -146,6 +151,19 @@ class _GraphCompiler:
         if kind == GRAPH_INFERENCE and _wrapper_is_identity():
             self.direct = stitched
         return make_boxed_func(stitched)
+
+
+def _onnxrt_may_run(config: Config, example_inputs: Sequence[Any]) -> bool:
+    """Whether this graph is CPU inference that the onnxrt route is allowed to take."""
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in example_inputs):
+        return False
+    if not config.allows("onnxrt") or not all(
+        t.device.type == "cpu" for t in example_inputs if isinstance(t, torch.Tensor)
+    ):
+        return False
+    from .routes import registry
+
+    return registry.get("onnxrt").available().ok
 
 
 def _wrapper_is_identity() -> bool:

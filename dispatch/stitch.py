@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .config import Config
 from .errors import RouteFailedError
+from .inspect import META_ALONE
 from .region import GraphPlan, Region
 from .routes import CompiledFn, registry
 
@@ -35,6 +36,7 @@ def stitch(gm: torch.fx.GraphModule, plan: GraphPlan, config: Config) -> torch.f
     """Replace every region submodule of ``gm`` by a runner for it."""
     for region in plan.regions:
         sub = getattr(gm, region.name)
+        sub.meta[META_ALONE] = len(plan.regions) == 1
         setattr(gm, region.name, RegionRunner(sub, region, config))
     return gm
 

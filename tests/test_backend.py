@@ -192,7 +192,9 @@ def test_weights_changed_in_place_are_picked_up():
 
 @torch.no_grad()
 def test_conv_batchnorm_eval_matches_eager():
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).eval()
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()
+    ).eval()
     model[1].running_mean.uniform_(-1, 1)
     model[1].running_var.uniform_(0.5, 2)
     x = torch.randn(2, 3, 16, 16)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..inspect import META_STATIC, GraphFacts, is_symbolic, tensor_values
+from ..inspect import META_ALONE, META_STATIC, GraphFacts, is_symbolic, tensor_values
 from .base import Availability, CompiledFn, Route
 from .onnx_ops import translatable
 from .registry import registry
@@ -126,6 +126,11 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
         # Measured (benchmarks/README.md): on tiny tensors ORT's thread pool
         # costs more than it parallelises.
         options.intra_op_num_threads = 1
+    if not gm.meta.get(META_ALONE, False):
+        # ORT's idle workers spin, waiting for the next run: that wins when ORT
+        # runs back to back, and steals the cores from torch's own threads when
+        # eager regions run in between (measured, benchmarks/README.md).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if device.type == "cuda":
         providers = [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
     else:
@@ -136,7 +141,9 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
     outputs = [o.name for o in session.get_outputs()]
     expected = _output_values(gm)
     if len(outputs) != len(expected):
-        raise RuntimeError(f"onnxrt: exported model has {len(outputs)} outputs, the region has {len(expected)}")
+        raise RuntimeError(
+            f"onnxrt: exported model has {len(outputs)} outputs, the region has {len(expected)}"
+        )
     feed_names = [i.name for i in session.get_inputs()]
     return _BoundRunner(session, feed_names, inputs, outputs, expected, device)
 
