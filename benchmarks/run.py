@@ -25,46 +25,80 @@ from .models import MODELS
 RESULTS = Path(__file__).parent / "results"
 
 
-def _worker(*args: str) -> dict:
-    env = dict(os.environ)
-    for name in list(env):
-        if name.startswith("DISPATCH_"):
-            del env[name]
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.worker", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=Path(__file__).parent.parent,
-        timeout=1800,
-    )
-    for line in out.stdout.splitlines():
-        if line.startswith("BENCH_RESULT "):
-            return json.loads(line.removeprefix("BENCH_RESULT "))
-    return {
-        "ok": False,
-        "error": f"worker exited {out.returncode}: {out.stderr.strip().splitlines()[-1:] or ''}",
-    }
+class _Worker:
+    """A running ``benchmarks.worker`` process for one (model, column)."""
+
+    def __init__(self, model: str, column: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCH_")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.worker", model, column],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=Path(__file__).parent.parent,
+        )
+        self.ready = self._expect("BENCH_READY ") or {"ok": False, "error": "worker died while compiling"}
+        self.ready = json.loads(self.ready) if isinstance(self.ready, str) else self.ready
+
+    def _expect(self, prefix: str) -> str | None:
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+        return None
+
+    def time(self, calls: int) -> float:
+        self.proc.stdin.write(f"{calls}\n")
+        self.proc.stdin.flush()
+        return float(self._expect("BENCH_TIME ")) / calls
+
+    def close(self) -> float | None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+            rss = self._expect("BENCH_RSS ")
+            self.proc.wait(timeout=60)
+            return json.loads(rss)["peak_rss_mb"] if rss else None
+        return None
+
+
+def _time_side_by_side(workers: dict[str, _Worker], seconds: float) -> dict[str, float]:
+    """Median per-call time of each column, from batches taken in turn.
+
+    Every batch lasts about 0.1 s; a pause before each lets the previous
+    column's idle threads stop spinning, so no column pays for another."""
+    live = {c: w for c, w in workers.items() if w.ready.get("ok")}
+    calls = {c: max(1, min(5000, int(0.1 / max(w.ready["first_call_s"], 1e-6)))) for c, w in live.items()}
+    samples: dict[str, list[float]] = {c: [] for c in live}
+    deadline = time.perf_counter() + seconds
+    rounds = 0
+    while live and (rounds < 5 or (time.perf_counter() < deadline and rounds < 60)):
+        for column, worker in live.items():
+            time.sleep(0.05)
+            samples[column].append(worker.time(calls[column]))
+        rounds += 1
+    return {c: sorted(v)[len(v) // 2] for c, v in samples.items()}
 
 
 def run(models: list[str], seconds: float) -> dict:
     rows = []
     for name in models:
-        print(f"[bench] {name}: cold compiles", flush=True)
-        compiles = {col: _worker("compile", name, col) for col in COLUMNS}
-        print(f"[bench] {name}: per-call times", flush=True)
-        timing = _worker("time", name, ",".join(COLUMNS), str(seconds))
+        print(f"[bench] {name}: compiling each column in a fresh process", flush=True)
+        workers = {col: _Worker(name, col) for col in COLUMNS}
+        print(f"[bench] {name}: timing side by side", flush=True)
+        per_call = _time_side_by_side(workers, seconds)
+        rss = {col: w.close() for col, w in workers.items()}
         row = {"model": name, "columns": {}}
         for col in COLUMNS:
-            t = timing.get("columns", {}).get(col, {"ok": False, "error": timing.get("error")})
-            c = compiles[col]
-            ok = t.get("ok", False) and c.get("ok", False)
+            ready = workers[col].ready
             row["columns"][col] = {
-                "ok": ok,
-                "per_call_s": t.get("per_call_s"),
-                "compile_s": c.get("compile_s"),
-                "max_error": t.get("max_error"),
-                "error": None if ok else (t.get("error") or c.get("error")),
+                "ok": bool(ready.get("ok")),
+                "per_call_s": per_call.get(col),
+                "compile_s": ready.get("compile_s"),
+                "max_error": ready.get("max_error"),
+                "peak_rss_mb": rss.get(col),
+                "error": ready.get("error"),
             }
         rows.append(_with_ratios(row))
     return {
@@ -98,7 +132,8 @@ def markdown(result: dict) -> str:
     lines = [
         f"Run {result['time']} on {m['platform']}, {m['cpus']} CPUs, torch {m['torch']}.",
         "",
-        "Per-call time (median of interleaved batches) | cold compile time (first call, fresh caches) | max |error| vs eager.",
+        "Each cell: per-call time (median of batches taken in turn, each column in its own process) \\| "
+        "cold compile time (first call, fresh caches) \\| max abs error vs eager \\| peak RSS.",
         "",
         "| model | " + " | ".join(COLUMNS) + " | auto / best peer | auto compile / inductor compile |",
         "|---|" + "---|" * (len(COLUMNS) + 2),
@@ -110,8 +145,9 @@ def markdown(result: dict) -> str:
             if not v["ok"]:
                 cells.append(f"failed: {(v['error'] or '')[:60]}")
             else:
+                rss = f"{v['peak_rss_mb']:.0f} MB" if v["peak_rss_mb"] else "-"
                 cells.append(
-                    f"{_fmt_time(v['per_call_s'])} \\| {v['compile_s']:.2f} s \\| {v['max_error']:.1e}"
+                    f"{_fmt_time(v['per_call_s'])} \\| {v['compile_s']:.2f} s \\| {v['max_error']:.1e} \\| {rss}"
                 )
         ratio = f"{row['auto_over_best']:.2f}x ({row['best_peer']})" if row["auto_over_best"] else "-"
         comp = f"{row['auto_compile_over_inductor']:.2f}" if row["auto_compile_over_inductor"] else "-"
