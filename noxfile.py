@@ -29,8 +29,10 @@ def install(session: nox.Session, *extras: str) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The suite that CI runs: everything but the slow and GPU-only tests."""
-    install(session, "test")
+    """The suite that CI runs: everything but the slow and GPU-only tests.
+
+    triton is installed so that kernels/ runs here in the Triton interpreter."""
+    install(session, "test", "triton")
     session.run("pytest", "-m", "not slow and not gpu", *session.posargs)
 
 

@@ -152,6 +152,13 @@ def markdown(result: dict) -> str:
         ratio = f"{row['auto_over_best']:.2f}x ({row['best_peer']})" if row["auto_over_best"] else "-"
         comp = f"{row['auto_compile_over_inductor']:.2f}" if row["auto_compile_over_inductor"] else "-"
         lines.append(f"| {row['model']} | " + " | ".join(cells) + f" | {ratio} | {comp} |")
+    cuda = result.get("cuda", {})
+    if "skipped" in cuda:
+        lines += ["", f"CUDA benchmarks skipped: {cuda['skipped']}."]
+    elif cuda:
+        lines += ["", f"CUDA ({cuda['device']}, copy bandwidth {cuda['copy_GB/s']:.0f} GB/s):", ""]
+        lines += [f"- {name}: " + json.dumps(v) for name, v in cuda["kernels"].items()]
+        lines += ["- 20-op launch-bound graph: " + json.dumps(cuda["launch_bound_20_ops"])]
     ratios = [r["auto_over_best"] for r in result["rows"] if r["auto_over_best"]]
     if ratios:
         geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
@@ -206,6 +213,9 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown model(s) {sorted(unknown)}; models: {list(MODELS)}")
     result = run(models, args.seconds)
+    from .gpu import run as run_gpu
+
+    result["cuda"] = run_gpu()
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     table = markdown(result)

@@ -18,6 +18,7 @@ META_VAL = "val"  # torch's own key: the fake value a node produces
 META_ROUTE = "dispatch_route"  # ours: the route a node was assigned to
 META_REGION = "dispatch_region"  # ours: index of the region that holds a node
 META_STATIC = "dispatch_static"  # ours: a placeholder fed by a parameter or buffer
+META_PATTERN = "dispatch_pattern"  # ours: the kernels/ pattern instance a node belongs to
 META_ALONE = "dispatch_alone"  # ours, on a region's GraphModule: the only region of its graph
 
 GRAPH_INFERENCE = "inference"

@@ -1,4 +1,4 @@
-"""Cut an aten graph into regions: one route, one device each.
+"""Cut an aten graph into regions: one route, one device (``cuda:1``, not just ``cuda``) each.
 
 ``CapabilityBasedPartitioner`` proposes cycle-free partitions for one (route,
 device) at a time and ``fuse_by_partitions`` turns each into a submodule, so a
@@ -20,6 +20,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from .inspect import META_REGION, META_STATIC, META_VAL, is_view_op, op_name
 from .region import Region
+from .routes import registry
 
 if TYPE_CHECKING:
     from .plan import NodeChoice
@@ -48,23 +49,24 @@ def form_regions(
     # fuse_by_partitions rebuilds the graph, so nodes are matched by name and target.
     choices = _ByName(choices)
     regions: list[Region] = []
-    devices = list(dict.fromkeys(c.device for c in choices.values()))
-    for device in devices:
+    places = list(dict.fromkeys((c.device, c.place) for c in choices.values()))
+    for device, place in places:
         for route in orders[device]:
-            partitions = _propose(gm, choices, route, device)
+            partitions = _propose(gm, choices, route, place)
             kept = []
+            floor = registry.get(route).min_region_size or min_region_size
             for partition in partitions:
                 size = _compute_count(partition.nodes)
                 if (
                     route != "eager"
-                    and size < min_region_size
-                    and _demote(partition.nodes, choices, route, size, min_region_size)
+                    and size < floor
+                    and _demote(partition.nodes, choices, route, size, floor)
                 ):
                     continue
                 kept.append(partition)
             if not kept:
                 continue
-            prefix = f"{route}_{device}_"
+            prefix = f"{route}_{place.replace(':', '')}_"
             described = [_describe(p.nodes, choices, route, device, graph_index, kind) for p in kept]
             fuse_by_partitions(gm, [dict(p.nodes) for p in kept], prefix=prefix, always_return_tuple=True)
             for i, region in enumerate(described):
@@ -91,10 +93,10 @@ class _ByName(dict):
         return isinstance(node, torch.fx.Node) and super().__contains__((node.name, node.target))
 
 
-def _propose(gm: torch.fx.GraphModule, choices: dict, route: str, device: str) -> list:
+def _propose(gm: torch.fx.GraphModule, choices: dict, route: str, place: str) -> list:
     def supported(_submodules: object, node: torch.fx.Node) -> bool:
         choice = choices.get(node)
-        return choice is not None and choice.device == device and choice.chain[:1] == [route]
+        return choice is not None and choice.place == place and choice.chain[:1] == [route]
 
     partitioner = CapabilityBasedPartitioner(
         gm, create_op_support(supported), allows_single_node_partition=True

@@ -44,6 +44,8 @@ class NodeChoice:
     chain: list[str]
     rejected: dict[str, str] = field(default_factory=dict)
     why: dict[str, str] = field(default_factory=dict)
+    #: the device with its index ("cuda:1"): regions never span two places.
+    place: str = "cpu"
 
 
 def route_order(device: str, kind: str, config: Config) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -97,18 +99,27 @@ def choose_routes(
     """Each compute node's route chain; ``getitem`` nodes follow their producer."""
     choices: dict[torch.fx.Node, NodeChoice] = {}
     orders: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
+    prepared: set[str] = set()
     for node in compute_nodes(gm):
         if node.target is operator.getitem and node.args[0] in choices:
             producer = choices[node.args[0]]
-            choices[node] = NodeChoice(producer.device, producer.chain, producer.rejected, producer.why)
+            choices[node] = NodeChoice(
+                producer.device, producer.chain, producer.rejected, producer.why, producer.place
+            )
             continue
         devices = node_device_indices(node)
-        device_types = {d.type for d in devices}
-        device = next(iter(device_types)) if len(device_types) == 1 else "cpu"
+        # A node touching cpu and an accelerator belongs to the accelerator's side.
+        device_types = sorted({d.type for d in devices}, key=lambda t: t == "cpu")
+        device = device_types[0] if device_types else "cpu"
         if device not in orders:
             orders[device] = route_order(device, facts.kind, config)
+            for name in orders[device][0]:
+                if name not in prepared and _availability(registry.get(name)).ok:
+                    registry.get(name).prepare(gm, facts)
+                    prepared.add(name)
         order, left_out = orders[device]
-        choice = NodeChoice(device, [], dict(left_out))
+        places = sorted((str(d) for d in devices if d.type == device), key=len)
+        choice = NodeChoice(device, [], dict(left_out), place=places[0] if places else device)
         if len(devices) > 1:
             where = ", ".join(sorted(str(d) for d in devices))
             for name in order:
@@ -118,6 +129,8 @@ def choose_routes(
             choice.chain = ["eager"] if "eager" in order else []
         else:
             for name in order:
+                if registry.get(name).wraps:
+                    continue
                 verdict = route_verdict(registry.get(name), node, device, facts)
                 if verdict is None:
                     choice.chain.append(name)
@@ -139,8 +152,32 @@ def plan_graph(
     devices = {c.device for c in choices.values()} | set(facts.devices)
     order = {device: route_order(device, kind, config)[0] for device in sorted(devices)}
     regions = form_regions(gm, choices, order, config.min_region_size, graph_index, kind)
+    _plan_capture(gm, regions, order, facts)
     plan = GraphPlan(graph_index, kind, facts.devices, facts.dynamic, facts.node_count, order, regions)
     return plan, gm
+
+
+def _plan_capture(
+    gm: torch.fx.GraphModule, regions: list, order: dict[str, tuple[str, ...]], facts: GraphFacts
+) -> None:
+    """Wrap each capture-safe region in ``cudagraphs`` where its device's order allows it."""
+    for region in regions:
+        (device,) = region.devices
+        wrapper = next((r for r in order.get(device, ()) if registry.get(r).wraps), None)
+        if wrapper is None:
+            continue
+        route = registry.get(wrapper)
+        reason = None if route.serves_device(device) else route.device_reason(device)
+        if reason is None and facts.needs_grad and not route.trains:
+            reason = f"{facts.kind} graph of a training step: {wrapper} captures inference graphs only"
+        reason = reason or route.capture_reason(getattr(gm, region.name))
+        if reason is None:
+            region.inner_route = region.route
+            region.route = wrapper
+            region.fallbacks = (region.inner_route, *region.fallbacks)
+            region.rejected.pop(wrapper, None)
+        else:
+            region.rejected[wrapper] = reason
 
 
 def _strict_error(node: torch.fx.Node, choice: NodeChoice, order: tuple[str, ...]) -> Exception:

@@ -14,7 +14,9 @@ from typing import Any
 class Region:
     """One piece of one graph, run by one route.
 
-    ``rejected`` maps every route that was not chosen to the reason.
+    ``rejected`` maps every route that was not chosen to the reason. A region
+    captured in a CUDA graph has ``route == "cudagraphs"`` and names the route
+    that runs inside the capture in ``inner_route``.
     ``route`` can change after planning when the chosen route fails to compile
     or run the region; the failure then appears under ``rejected``.
     """
@@ -28,6 +30,8 @@ class Region:
     kind: str = "inference"
     rejected: dict[str, str] = field(default_factory=dict)
     fallbacks: tuple[str, ...] = ()
+    #: for a captured region (route "cudagraphs"), the route that runs inside the capture
+    inner_route: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -35,6 +39,7 @@ class Region:
             "name": self.name,
             "kind": self.kind,
             "route": self.route,
+            "inner_route": self.inner_route,
             "ops": list(self.ops),
             "devices": sorted(self.devices),
             "node_count": self.node_count,

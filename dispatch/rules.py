@@ -27,6 +27,12 @@ _CPU_TRAINING = Rule(
     ("inductor", "eager"),
     "CPU training: inductor compiles forward and backward graphs; ONNX Runtime runs inference only",
 )
+_CUDA_INFERENCE = Rule(
+    ("triton", "inductor", "onnxrt", "eager", "cudagraphs"),
+    "CUDA inference: kernels/ patterns on triton, the rest on inductor (which generates Triton); "
+    "capture-safe regions replayed as CUDA graphs; ONNX Runtime only with onnxruntime-gpu",
+)
+_CUDA_TRAINING = Rule(("inductor", "eager"), "CUDA training: inductor compiles forward and backward graphs")
 _NOT_YET = Rule(("eager",), "this version routes {device} graphs to eager")
 _MPS = Rule(("eager",), "mps graphs run eager: inductor does not serve mps, ONNX Runtime has no mps provider")
 
@@ -34,6 +40,9 @@ RULES: dict[tuple[str, str], Rule] = {
     ("cpu", GRAPH_INFERENCE): _CPU_INFERENCE,
     ("cpu", GRAPH_FORWARD): _CPU_TRAINING,
     ("cpu", GRAPH_BACKWARD): _CPU_TRAINING,
+    ("cuda", GRAPH_INFERENCE): _CUDA_INFERENCE,
+    ("cuda", GRAPH_FORWARD): _CUDA_TRAINING,
+    ("cuda", GRAPH_BACKWARD): _CUDA_TRAINING,
     ("mps", GRAPH_INFERENCE): _MPS,
     ("mps", GRAPH_FORWARD): _MPS,
     ("mps", GRAPH_BACKWARD): _MPS,

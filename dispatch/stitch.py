@@ -70,7 +70,7 @@ class RegionRunner(torch.nn.Module):
                     # AOTAutograd runs the first call under a checking dispatch mode;
                     # exporters and compilers must trace outside of it.
                     with _disable_current_modes():
-                        fn = registry.get(route).compile(self.gm, args)
+                        fn = self._compile(route, args)
                     if self.config.verify and route != "eager":
                         self._verify(fn, args)
                 except Exception as error:
@@ -78,6 +78,13 @@ class RegionRunner(torch.nn.Module):
                     continue
                 self._fn = fn
             return self._fn
+
+    def _compile(self, route: str, args: Sequence[Any]) -> CompiledFn:
+        chosen = registry.get(route)
+        if chosen.wraps:
+            inner = registry.get(self.region.inner_route).compile(self.gm, args)
+            return chosen.wrap(inner, self.gm, args)
+        return chosen.compile(self.gm, args)
 
     def _after_failure(self, stage: str, error: Exception, args: Sequence[Any]) -> Any:
         with self._lock:
@@ -98,6 +105,8 @@ class RegionRunner(torch.nn.Module):
             ) from error
         region.route = self.chain[0]
         region.fallbacks = tuple(self.chain[1:])
+        if not registry.get(region.route).wraps:
+            region.inner_route = None
         warnings.warn(
             f"dispatch: route {failed!r} failed to {stage} {where}: {detail}; "
             f"this region now runs on {region.route!r}",

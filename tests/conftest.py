@@ -1,20 +1,32 @@
-"""Shared fixtures: one Inductor cache per test session, a clean environment and
-a fresh Dynamo cache per test, and helpers for fake-device models."""
+"""Shared set-up: one Inductor cache per test session, the Triton interpreter
+where there is no GPU, a clean environment and Dynamo cache per test, and
+helpers for fake-device models."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 # One Inductor cache for the whole session: a cold C++ compile costs seconds.
 os.environ.setdefault(
     "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "dispatch-tests-inductor")
 )
+# Without a GPU, Triton kernels run in the interpreter on CPU tensors. It must be
+# set before triton decorates any kernel, that is before kernels/ is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from torch._subclasses.fake_tensor import FakeTensorMode
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (run `nox -s gpu` on one)"
+)
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed"
+)
 
 
 @pytest.fixture(autouse=True)

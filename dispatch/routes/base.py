@@ -42,6 +42,10 @@ class Route:
     trains: bool = True
     #: whether a region's outputs may alias its inputs (views returned to the caller).
     keeps_aliases: bool = True
+    #: the fewest compute ops a region of this route may have; None: options' min_region_size.
+    min_region_size: int | None = None
+    #: a wrapping route (cudagraphs) takes whole regions of other routes, not ops.
+    wraps: bool = False
 
     def available(self) -> Availability:
         return Availability(True, torch.__version__)
@@ -49,6 +53,9 @@ class Route:
     def serves_device(self, device: str) -> bool:
         """True where this route can run on ``device``; may look at installed providers."""
         return device in self.devices
+
+    def prepare(self, gm: torch.fx.GraphModule, graph: GraphFacts) -> None:
+        """Called once per graph before ``supports``: a route may annotate nodes."""
 
     def device_reason(self, device: str) -> str:
         """Why ``serves_device(device)`` is False, with what to use instead."""

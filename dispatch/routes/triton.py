@@ -1,0 +1,90 @@
+"""The ``triton`` route: the aten patterns that ``kernels/`` implements.
+
+It claims exactly the nodes of a pattern match (``triton_patterns.py``) and
+nothing else. A region is compiled by rewriting its graph: each match's nodes
+are replaced by one call to its Triton kernel. It runs on CUDA, and on CPU
+only under ``TRITON_INTERPRET=1`` (the Triton interpreter, for tests).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from ..inspect import META_PATTERN, GraphFacts
+from .base import Availability, CompiledFn, Route
+from .registry import registry
+from .triton_patterns import PatternMatch, find_patterns
+
+
+def _interpreting() -> bool:
+    from kernels._launch import interpreting
+
+    return interpreting()
+
+
+@registry.register
+class TritonRoute(Route):
+    name = "triton"
+    devices = frozenset({"cuda"})
+    trains = False  # the kernels are forward-only
+    min_region_size = 1  # one fused kernel is worth a region of its own
+
+    def available(self) -> Availability:
+        if importlib.util.find_spec("triton") is None:
+            return Availability(False, None, "triton is not installed; pip install 'dispatch[triton]'")
+        from importlib.metadata import version
+
+        return Availability(True, version("triton"))
+
+    def serves_device(self, device: str) -> bool:
+        return device == "cuda" or (device == "cpu" and _interpreting())
+
+    def device_reason(self, device: str) -> str:
+        if device == "cpu":
+            return "device cpu: triton runs on CPU only under TRITON_INTERPRET=1 (the interpreter, for tests)"
+        return f"device {device} is not served by triton (cuda)"
+
+    def prepare(self, gm: torch.fx.GraphModule, graph: GraphFacts) -> None:
+        for i, match in enumerate(find_patterns(gm)):
+            for node in match.nodes:
+                node.meta[META_PATTERN] = (i, match.name)
+
+    def supports(self, node: torch.fx.Node, graph: GraphFacts) -> str | None:
+        if META_PATTERN in node.meta:
+            return None
+        return f"no kernels/ pattern covers {node.target}"
+
+    def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+        module = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+        matches = find_patterns(module)
+        covered = {n for m in matches for n in m.nodes}
+        loose = [
+            n
+            for n in module.graph.nodes
+            if n.op == "call_function" and n not in covered and n.target is not operator.getitem
+        ]
+        if loose:
+            raise RuntimeError(
+                f"triton: region holds ops outside any kernels/ pattern: {sorted({str(n.target) for n in loose})}"
+            )
+        for match in matches:
+            _rewrite(module.graph, match)
+        module.graph.eliminate_dead_code()
+        module.recompile()
+        return module.forward
+
+
+def _rewrite(graph: torch.fx.Graph, match: PatternMatch) -> None:
+    with graph.inserting_after(match.output):
+        call = graph.call_function(match.call(), tuple(match.inputs))
+    match.output.replace_all_uses_with(call)
+    for node in reversed(match.nodes):
+        if not node.users:
+            graph.erase_node(node)

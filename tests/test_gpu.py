@@ -1,0 +1,66 @@
+"""Tests that need a CUDA device. They skip here with a reason; `nox -s gpu`
+runs them on a machine that has one."""
+
+import pytest
+import torch
+
+import dispatch
+from tests.conftest import needs_gpu
+
+pytestmark = [needs_gpu, pytest.mark.gpu]
+
+
+def launch_bound(x):
+    for i in range(20):
+        x = x * 1.01 + i if i % 2 else x.sin()
+    return x
+
+
+@torch.no_grad()
+def test_cudagraph_replay_is_correct_and_outputs_survive_until_the_next_call():
+    compiled = torch.compile(launch_bound, backend="auto")
+    x = torch.randn(64, device="cuda")
+    explanation = dispatch.explain(launch_bound, x)
+    assert any(r.route == "cudagraphs" for r in explanation.regions)
+    for _ in range(3):
+        out = compiled(x)
+        torch.testing.assert_close(out, launch_bound(x))
+    kept = compiled(x).clone()  # documented: clone what you keep across calls
+    compiled(x * 2)
+    torch.testing.assert_close(kept, launch_bound(x))
+
+
+@torch.no_grad()
+def test_triton_kernels_on_cuda_through_auto():
+    model = (
+        torch.nn.Sequential(torch.nn.LayerNorm(256), torch.nn.Linear(256, 512), torch.nn.GELU()).cuda().eval()
+    )
+    x = torch.randn(32, 256, device="cuda")
+    explanation = dispatch.explain(model, x)
+    assert any(r.inner_route == "triton" or r.route == "triton" for r in explanation.regions)
+    torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["mlp_1024", "conv_bn_relu", "transformer_layer", "custom_op_mlp"])
+@torch.no_grad()
+def test_benchmark_models_on_cuda(name):
+    from benchmarks.models import build
+
+    model, inputs = build(name)
+    model = model.cuda()
+    inputs = tuple(t.cuda() for t in inputs)
+    compiled = torch.compile(model, backend="auto")
+    for _ in range(2):
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=2e-3, atol=2e-3)
+
+
+def test_training_on_cuda_matches_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).cuda()
+    reference = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).cuda()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(16, 64, device="cuda")
+    torch.compile(model, backend="auto")(x).sum().backward()
+    reference(x).sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
