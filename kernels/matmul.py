@@ -44,8 +44,10 @@ def _apply_activation(y, ACT: tl.constexpr):
         y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
     elif ACT == 3:
         inner = 0.7978845608028654 * (y + 0.044715 * y * y * y)
-        # tanh(z) = 2 * sigmoid(2z) - 1, written with exp so it runs everywhere.
-        y = 0.5 * y * (1.0 + (2.0 / (1.0 + tl.exp(-2.0 * inner)) - 1.0))
+        # tanh written with exp of a non-positive number only: no overflow.
+        e = tl.exp(-2.0 * tl.abs(inner))
+        tanh = (1.0 - e) / (1.0 + e)
+        y = 0.5 * y * (1.0 + tl.where(inner < 0, -tanh, tanh))
     elif ACT == 4:
         y = y / (1.0 + tl.exp(-y))
     return y
