@@ -42,3 +42,9 @@ def row_block(n_cols: int, block: int | None = None) -> tuple[int, int]:
     block = block or min(next_power_of_2(n_cols), MAX_ROW_BLOCK)
     warps = 4 if block <= 1024 else 8 if block <= 4096 else 16
     return block, warps
+
+
+def as_rows(x: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """``x`` as a 2-D (rows, n_cols) tensor whose rows are contiguous (a view where possible)."""
+    rows = x.reshape(-1, n_cols)
+    return rows if rows.stride(-1) == 1 else rows.contiguous()

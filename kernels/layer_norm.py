@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import check_device, row_block
+from ._launch import as_rows, check_device, row_block
 
 
 @triton.jit
@@ -81,9 +81,7 @@ def layer_norm(
     if tuple(x.shape[x.dim() - len(normalized) :]) != normalized:
         raise ValueError(f"kernels.layer_norm: input {tuple(x.shape)} does not end with {normalized}")
     n_cols = math.prod(normalized)
-    x2 = x.reshape(-1, n_cols)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = as_rows(x, n_cols)
     rows = x2.shape[0]
     if stats_dtype is None:
         half = x.dtype in (torch.float16, torch.bfloat16)

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import check_device, row_block
+from ._launch import as_rows, check_device, row_block
 
 
 @triton.jit
@@ -51,9 +51,7 @@ def rms_norm(
     """RMS norm over the last dimension, with an optional elementwise weight."""
     check_device(x, weight)
     n_cols = x.shape[-1]
-    x2 = x.reshape(-1, n_cols)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = as_rows(x, n_cols)
     out = torch.empty(x2.shape, dtype=out_dtype or x.dtype, device=x.device)
     if x2.numel():
         BLOCK, warps = row_block(n_cols, block)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import check_device, row_block
+from ._launch import as_rows, check_device, row_block
 
 
 @triton.jit
@@ -53,9 +53,7 @@ def softmax(x: torch.Tensor, dim: int = -1, *, block: int | None = None) -> torc
         raise ValueError(f"kernels.softmax: only the last dimension, got dim={dim}")
     check_device(x)
     n_cols = x.shape[-1]
-    x2 = x.reshape(-1, n_cols)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = as_rows(x, n_cols)
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.numel() == 0:
         return out.view(x.shape)
