@@ -60,7 +60,9 @@ class RegionRunner(torch.nn.Module):
         try:
             return fn(*args)
         except Exception as error:
-            return self._after_failure("run", error, args)
+            if self.chain[0] == "eager":
+                raise  # eager is the reference: its error is the user's to see
+            return self._after_failure(fn, error, args)
 
     def _prepare(self, args: Sequence[Any]) -> CompiledFn:
         with self._lock:
@@ -86,10 +88,11 @@ class RegionRunner(torch.nn.Module):
             return chosen.wrap(inner, self.gm, args)
         return chosen.compile(self.gm, args)
 
-    def _after_failure(self, stage: str, error: Exception, args: Sequence[Any]) -> Any:
+    def _after_failure(self, failed: CompiledFn, error: Exception, args: Sequence[Any]) -> Any:
         with self._lock:
-            self._fn = None
-            self._next_route(stage, error)
+            if self._fn is failed:  # another thread may have moved on already
+                self._fn = None
+                self._next_route("run", error)
         return self(*args)
 
     def _next_route(self, stage: str, error: Exception) -> None:

@@ -175,3 +175,22 @@ def test_forced_unavailable_route_strict_raises(monkeypatch):
     finally:
         registry.remove("demo")
         planner._availability.cache_clear()
+
+
+def test_errors_of_the_eager_reference_reach_the_user_unchanged():
+    @torch.library.custom_op("dispatch_tests::picky", mutates_args=())
+    def picky(x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 1e6:
+            raise ValueError("picky refuses large inputs")
+        return x.clone()
+
+    @picky.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    compiled = torch.compile(lambda x: picky(x.relu()) * 2, backend="auto")
+    with torch.no_grad():
+        compiled(torch.ones(3))
+        with pytest.raises(ValueError, match="picky refuses"):
+            compiled(torch.full((3,), 1e7))
+        torch.testing.assert_close(compiled(torch.ones(3)), torch.full((3,), 2.0))

@@ -145,7 +145,7 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
             f"onnxrt: exported model has {len(outputs)} outputs, the region has {len(expected)}"
         )
     feed_names = [i.name for i in session.get_inputs()]
-    return _BoundRunner(session, feed_names, inputs, outputs, expected, device)
+    return _BoundRunner(session, feed_names, inputs, outputs, device)
 
 
 def export_region(
@@ -189,30 +189,24 @@ def export_region(
 
 
 class _BoundRunner:
-    """Runs a session through IO binding: ORT reads the input tensors' memory
-    where it lies and writes into output tensors that torch allocates once per
-    call, so nothing is copied or allocated twice. Inputs are re-bound only when
-    their address or shape changes (weights never do); each thread keeps its own
-    binding, since an ORT binding is not thread-safe."""
+    """Runs a session through IO binding.
+
+    ORT reads the input tensors' memory where it lies (inputs are re-bound only
+    when their address or shape changes, so weights never are) and allocates
+    each output once, from its own arena; ``torch.from_dlpack`` wraps that
+    buffer without a copy. Torch-allocated outputs were tried first: a fresh
+    12 MB output then page-faults on every call (0.6 ms of Conv-BN-ReLU's 3 ms),
+    while ORT's arena reuses warm memory. Each thread keeps its own binding,
+    since an ORT binding is not thread-safe."""
 
     def __init__(
-        self,
-        session: Any,
-        names: list[str],
-        inputs: list[int],
-        outputs: list[str],
-        expected: list[torch.Tensor],
-        device: torch.device,
+        self, session: Any, names: list[str], inputs: list[int], outputs: list[str], device: torch.device
     ) -> None:
         import onnxruntime as ort
 
         self.session = session
-        self.feeds = [(name, i) for name, i in zip(names, inputs)]
-        self.outputs = [
-            (name, tuple(meta.shape), meta.dtype, _np_dtype(meta.dtype))
-            for name, meta in zip(outputs, expected)
-        ]
-        self.device = device
+        self.feeds = list(zip(names, inputs))
+        self.outputs = outputs
         self.device_type = device.type
         self.index = device.index or 0
         self.run_options = ort.RunOptions()
@@ -223,27 +217,26 @@ class _BoundRunner:
         if not hasattr(local, "binding"):
             local.binding = self.session.io_binding()
             local.bound = [None] * len(self.feeds)
+            for name in self.outputs:
+                local.binding.bind_output(name, self.device_type, self.index)
         return local.binding, local.bound
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
         binding, bound = self._binding()
+        alive = []  # contiguous copies must outlive the run
         for k, (name, i) in enumerate(self.feeds):
             t = args[i]
             if not t.is_contiguous():
                 t = t.contiguous()
+                alive.append(t)
             key = (t.data_ptr(), t.shape, t.dtype)
             if bound[k] != key:
                 binding.bind_input(
                     name, self.device_type, self.index, _np_dtype(t.dtype), list(t.shape), t.data_ptr()
                 )
                 bound[k] = key
-        results = []
-        for name, shape, dtype, np_dtype in self.outputs:
-            out = torch.empty(shape, dtype=dtype, device=self.device)
-            binding.bind_output(name, self.device_type, self.index, np_dtype, list(shape), out.data_ptr())
-            results.append(out)
         self.session._sess.run_with_iobinding(binding._iobinding, self.run_options)
-        return tuple(results)
+        return tuple(torch.from_dlpack(v) for v in binding.get_outputs())
 
 
 @functools.cache
