@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Any
 
 import torch
 
 
 @functools.cache
-def _registered_names() -> frozenset[str]:
+def onnx_registry() -> Any:
+    """The exporter's registry of torchlib translations, built once per process.
+
+    ``torch.onnx.export`` builds a new one on every call (0.8 s warm here); the
+    onnxrt route hands this one to the exporter instead."""
     from torch.onnx._internal.exporter._registration import ONNXRegistry
 
     # torchlib warns about every torchvision op it cannot find; that is noise here.
@@ -22,10 +27,14 @@ def _registered_names() -> frozenset[str]:
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        registry = ONNXRegistry.from_torchlib()
+        return ONNXRegistry.from_torchlib()
     finally:
         logger.setLevel(level)
-    return frozenset(k if isinstance(k, str) else str(k) for k in registry.functions)
+
+
+@functools.cache
+def _registered_names() -> frozenset[str]:
+    return frozenset(k if isinstance(k, str) else str(k) for k in onnx_registry().functions)
 
 
 @functools.cache

@@ -24,7 +24,7 @@ import torch.fx
 
 from ..inspect import META_ALONE, META_STATIC, GraphFacts, is_symbolic, tensor_values
 from .base import Availability, CompiledFn, Route
-from .onnx_ops import translatable
+from .onnx_ops import onnx_registry, translatable
 from .registry import registry
 
 log = logging.getLogger("dispatch")
@@ -179,13 +179,40 @@ def export_region(
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            program = torch.onnx.export(
-                module, tuple(args), dynamo=True, optimize=True, verbose=False, report=False, verify=False
-            )
+            program = _export(module, tuple(args))
     finally:
         for q, level in zip(quiet, levels):
             q.setLevel(level)
     return program.model_proto.SerializeToString()
+
+
+def _export(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
+    """``torch.onnx.export(module, args, dynamo=True)`` with the registry built once.
+
+    The public function rebuilds torchlib's registry on every call; its own
+    implementation accepts one. Should that private signature change, the
+    public function is used."""
+    try:
+        from torch.onnx._internal.exporter import _core
+    except ImportError:
+        _core = None
+    if _core is not None:
+        try:
+            return _core.export(
+                module,
+                args,
+                None,
+                registry=onnx_registry(),
+                optimize=True,
+                verbose=False,
+                report=False,
+                verify=False,
+            )
+        except TypeError:
+            pass
+    return torch.onnx.export(
+        module, args, dynamo=True, optimize=True, verbose=False, report=False, verify=False
+    )
 
 
 class _BoundRunner:
