@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,8 +33,10 @@ from .inspect import (
 )
 from .planner import plan_graph
 from .record import recorder
-from .region import Plan
+from .region import Plan, region_table
 from .stitch import stitch
+
+log = logging.getLogger("dispatch")
 
 
 def auto(
@@ -56,6 +59,7 @@ def auto(
         config = Config.resolve(options)
     except DispatchError as error:
         return _raiser(error)
+    log.setLevel(config.log_level.upper())
     compiler = _GraphCompiler(config, recorder.next_graph_index(), plan_only=False)
     compiler.static_inputs = static_input_positions(gm)
     compiler.lifted = sum(1 for _ in gm.parameters()) + sum(1 for _ in gm.buffers())
@@ -147,6 +151,13 @@ class _GraphCompiler:
         if self.plan_only:
             return gm
         recorder.publish(graph_plan)
+        log.info(
+            "graph %d (%s): %s",
+            self.graph_index,
+            kind,
+            ", ".join(f"{r.name} -> {r.route}" for r in graph_plan.regions) or "no compute ops",
+        )
+        log.debug("graph %d (%s) regions:\n%s", self.graph_index, kind, region_table(graph_plan.regions))
         stitched = stitch(split, graph_plan, self.config)
         if kind == GRAPH_INFERENCE and _wrapper_is_identity():
             self.direct = stitched

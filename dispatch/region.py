@@ -6,6 +6,7 @@ printed, compared in tests and serialised with ``to_dict()``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,38 @@ class Plan:
         return {"graphs": [g.to_dict() for g in self.graphs]}
 
     def __str__(self) -> str:
-        from .explanation import region_table
-
         return region_table(self.regions)
+
+
+def region_table(regions: Sequence[Region]) -> str:
+    """A readable table: one row per region, then why other routes were not chosen."""
+    header = ("graph", "kind", "region", "route", "devices", "nodes", "ops")
+    rows = [
+        (
+            str(r.graph),
+            r.kind,
+            r.name,
+            r.route,
+            ",".join(sorted(r.devices)),
+            str(r.node_count),
+            _short(", ".join(o.removeprefix("aten.").removesuffix(".default") for o in r.ops), 60),
+        )
+        for r in regions
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*row) for row in rows]
+    notes = [
+        f"  {r.name} [{r.kind}]: {route} not chosen: {reason}"
+        for r in regions
+        for route, reason in r.rejected.items()
+        if not reason.startswith("not chosen by rule") and not reason.startswith("not in the allowed")
+    ]
+    if notes:
+        lines += ["", "Why not other routes:", *notes]
+    return "\n".join(lines)
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -201,3 +201,10 @@ def test_conv_batchnorm_eval_matches_eager():
     explanation = dispatch.explain(model, x)
     assert [r.route for r in explanation.regions] == ["onnxrt"]
     torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_dispatch_log_info_reports_each_graph(monkeypatch, caplog):
+    monkeypatch.setenv("DISPATCH_LOG", "info")
+    with caplog.at_level("INFO", logger="dispatch"), torch.no_grad():
+        torch.compile(lambda x: x.relu() * 2, backend="auto")(torch.randn(3))
+    assert any("graph 0 (inference)" in r.getMessage() and "onnxrt" in r.getMessage() for r in caplog.records)
