@@ -1,5 +1,6 @@
 """End to end through torch.compile(backend="auto") on CPU."""
 
+import re
 import subprocess
 import sys
 import warnings
@@ -207,4 +208,7 @@ def test_dispatch_log_info_reports_each_graph(monkeypatch, caplog):
     monkeypatch.setenv("DISPATCH_LOG", "info")
     with caplog.at_level("INFO", logger="dispatch"), torch.no_grad():
         torch.compile(lambda x: x.relu() * 2, backend="auto")(torch.randn(3))
-    assert any("graph 0 (inference)" in r.getMessage() and "onnxrt" in r.getMessage() for r in caplog.records)
+    # Outside explain, graphs are numbered across the process.
+    assert any(
+        re.search(r"graph \d+ \(inference\): onnxrt_cpu_0 -> onnxrt", r.getMessage()) for r in caplog.records
+    )
