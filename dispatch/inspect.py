@@ -74,13 +74,6 @@ def node_device_indices(node: torch.fx.Node) -> frozenset[torch.device]:
     return frozenset(devices)
 
 
-def node_dtypes(node: torch.fx.Node) -> frozenset[torch.dtype]:
-    dtypes = {t.dtype for t in tensor_values(node)}
-    for arg in node.all_input_nodes:
-        dtypes.update(t.dtype for t in tensor_values(arg))
-    return frozenset(dtypes)
-
-
 def static_input_positions(dynamo_gm: torch.fx.GraphModule) -> frozenset[int]:
     """Positions of a Dynamo graph's inputs that are parameters or buffers.
 

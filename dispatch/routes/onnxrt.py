@@ -136,16 +136,13 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
     else:
         providers = ["CPUExecutionProvider"]
     session = ort.InferenceSession(model, options, providers=providers)
-    names = [p.name for p in gm.graph.find_nodes(op="placeholder")]
-    inputs = [names.index(i.name) for i in session.get_inputs()]
-    outputs = [o.name for o in session.get_outputs()]
-    expected = _output_values(gm)
-    if len(outputs) != len(expected):
-        raise RuntimeError(
-            f"onnxrt: exported model has {len(outputs)} outputs, the region has {len(expected)}"
-        )
+    placeholders = [p.name for p in gm.graph.find_nodes(op="placeholder")]
     feed_names = [i.name for i in session.get_inputs()]
-    return _BoundRunner(session, feed_names, inputs, outputs, device)
+    outputs = [o.name for o in session.get_outputs()]
+    expected = len(_output_values(gm))
+    if len(outputs) != expected:
+        raise RuntimeError(f"onnxrt: exported model has {len(outputs)} outputs, the region has {expected}")
+    return _BoundRunner(session, feed_names, [placeholders.index(n) for n in feed_names], outputs, device)
 
 
 def export_region(
