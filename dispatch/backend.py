@@ -31,9 +31,10 @@ from .inspect import (
     mark_static_inputs,
     static_input_positions,
 )
-from .planner import plan_graph
+from .planner import availability, plan_graph
 from .record import recorder
 from .region import Plan, region_table
+from .routes import registry
 from .stitch import stitch
 
 log = logging.getLogger("dispatch")
@@ -172,9 +173,7 @@ def _onnxrt_may_run(config: Config, example_inputs: Sequence[Any]) -> bool:
         t.device.type == "cpu" for t in example_inputs if isinstance(t, torch.Tensor)
     ):
         return False
-    from .routes import registry
-
-    return registry.get("onnxrt").available().ok
+    return availability(registry.get("onnxrt")).ok
 
 
 def _wrapper_is_identity() -> bool:

@@ -15,8 +15,6 @@ import torch
 import torch.fx
 
 META_VAL = "val"  # torch's own key: the fake value a node produces
-META_ROUTE = "dispatch_route"  # ours: the route a node was assigned to
-META_REGION = "dispatch_region"  # ours: index of the region that holds a node
 META_STATIC = "dispatch_static"  # ours: a placeholder fed by a parameter or buffer
 META_PATTERN = "dispatch_pattern"  # ours: the kernels/ pattern instance a node belongs to
 META_ALONE = "dispatch_alone"  # ours, on a region's GraphModule: the only region of its graph
@@ -59,19 +57,17 @@ def is_symbolic(node: torch.fx.Node) -> bool:
     return False
 
 
-def node_devices(node: torch.fx.Node) -> frozenset[str]:
-    """Device types a compute node touches: its inputs' and its outputs'."""
-    devices = {t.device.type for t in tensor_values(node)}
-    for arg in node.all_input_nodes:
-        devices.update(t.device.type for t in tensor_values(arg))
-    return frozenset(devices)
-
-
 def node_device_indices(node: torch.fx.Node) -> frozenset[torch.device]:
+    """Devices (with index) a compute node touches: its inputs' and its outputs'."""
     devices = {t.device for t in tensor_values(node)}
     for arg in node.all_input_nodes:
         devices.update(t.device for t in tensor_values(arg))
     return frozenset(devices)
+
+
+def first_device(values: object) -> torch.device:
+    """The device of the first tensor among ``values`` (cpu if there is none)."""
+    return next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
 
 
 def static_input_positions(dynamo_gm: torch.fx.GraphModule) -> frozenset[int]:

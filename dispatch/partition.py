@@ -18,7 +18,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import create_op_support
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from .inspect import META_REGION, META_STATIC, META_VAL, is_view_op, op_name
+from .inspect import META_STATIC, META_VAL, is_view_op, op_name
 from .region import Region
 from .routes import registry
 
@@ -132,8 +132,6 @@ def _describe(nodes: object, choices: dict, route: str, device: str, graph_index
     for name in fallbacks:
         rejected.setdefault(name, f"lower priority than {route}")
     ops = tuple(dict.fromkeys(op_name(n) for n in ordered if n.target is not operator.getitem))
-    for n in ordered:
-        n.meta[META_REGION] = f"{route}_{device}"
     return Region(
         graph=graph_index,
         name="",

@@ -16,7 +16,6 @@ import torch.fx
 from .config import Config
 from .errors import RouteUnavailableError, UnsupportedDeviceError, UnsupportedOpError
 from .inspect import (
-    META_ROUTE,
     GraphFacts,
     compute_nodes,
     graph_facts,
@@ -72,7 +71,8 @@ def route_order(device: str, kind: str, config: Config) -> tuple[tuple[str, ...]
 
 
 @functools.cache
-def _availability(route: Route) -> Availability:
+def availability(route: Route) -> Availability:
+    """``route.available()``, asked once per process (it imports the route's runtime)."""
     return route.available()
 
 
@@ -80,9 +80,9 @@ def route_verdict(
     route: Route, node: torch.fx.Node, device: str, facts: GraphFacts
 ) -> tuple[str, str] | None:
     """None where ``route`` can run ``node`` on ``device``, else (why, reason)."""
-    availability = _availability(route)
-    if not availability.ok:
-        return WHY_UNAVAILABLE, f"unavailable: {availability.reason}"
+    status = availability(route)
+    if not status.ok:
+        return WHY_UNAVAILABLE, f"unavailable: {status.reason}"
     if not route.serves_device(device):
         return WHY_DEVICE, route.device_reason(device)
     if facts.needs_grad and not route.trains:
@@ -114,7 +114,7 @@ def choose_routes(
         if device not in orders:
             orders[device] = route_order(device, facts.kind, config)
             for name in orders[device][0]:
-                if name not in prepared and _availability(registry.get(name)).ok:
+                if name not in prepared and availability(registry.get(name)).ok:
                     registry.get(name).prepare(gm, facts)
                     prepared.add(name)
         order, left_out = orders[device]
@@ -138,7 +138,6 @@ def choose_routes(
                     choice.why[name], choice.rejected[name] = verdict
         if not choice.chain:
             raise _strict_error(node, choice, order)
-        node.meta[META_ROUTE] = choice.chain[0]
         choices[node] = choice
     return choices
 

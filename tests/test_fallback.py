@@ -164,7 +164,7 @@ def test_forced_unavailable_route_strict_raises(monkeypatch):
     try:
         from dispatch import planner
 
-        planner._availability.cache_clear()
+        planner.availability.cache_clear()
         with pytest.raises(dispatch.RouteUnavailableError, match="demo-runtime is not installed"):
             dispatch.plan(
                 torch.fx.symbolic_trace(MLP().eval().requires_grad_(False)),
@@ -174,7 +174,7 @@ def test_forced_unavailable_route_strict_raises(monkeypatch):
             )
     finally:
         registry.remove("demo")
-        planner._availability.cache_clear()
+        planner.availability.cache_clear()
 
 
 def test_errors_of_the_eager_reference_reach_the_user_unchanged():

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..inspect import META_STATIC, GraphFacts, is_symbolic, tensor_values
+from ..inspect import META_STATIC, GraphFacts, first_device, is_symbolic, tensor_values
 from .base import Availability, CompiledFn, Route
 from .registry import registry
 
@@ -71,7 +71,7 @@ class CudaGraphsRoute(Route):
 
         placeholders = gm.graph.find_nodes(op="placeholder")
         static = [i for i, p in enumerate(placeholders) if p.meta.get(META_STATIC)]
-        device = next(t.device for t in example_inputs if isinstance(t, torch.Tensor))
+        device = first_device(example_inputs)
 
         def boxed(inputs: list[Any]) -> Any:
             return list(inner(*inputs))

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..inspect import META_ALONE, META_STATIC, GraphFacts, is_symbolic, tensor_values
+from ..inspect import META_ALONE, META_STATIC, GraphFacts, first_device, is_symbolic, tensor_values
 from .base import Availability, CompiledFn, Route
 from .onnx_ops import onnx_registry, translatable
 from .registry import registry
@@ -118,7 +118,7 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
     import onnxruntime as ort
 
     model = export_region(gm, args, frozen)
-    device = _region_device(args)
+    device = first_device(args)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
@@ -270,13 +270,6 @@ def _np_dtype(dtype: torch.dtype) -> Any:
 
 def _largest_numel(gm: torch.fx.GraphModule) -> int:
     return max((t.numel() for n in gm.graph.nodes for t in tensor_values(n)), default=0)
-
-
-def _region_device(example_inputs: Sequence[Any]) -> torch.device:
-    for a in example_inputs:
-        if isinstance(a, torch.Tensor):
-            return a.device
-    return torch.device("cpu")
 
 
 def _output_values(gm: torch.fx.GraphModule) -> list[Any]:
