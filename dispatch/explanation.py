@@ -60,21 +60,33 @@ class Explanation:
         if self.break_reasons:
             lines.append("Break Reasons:")
             lines += [f"  {i + 1}. {_reason_text(r)}" for i, r in enumerate(self.break_reasons)]
+        dynamic = [
+            f"  graph {p.graph} ({p.kind}): {', '.join(p.dynamic_dims)}" for p in self.plans if p.dynamic_dims
+        ]
+        if dynamic:
+            lines += ["Dynamic dims:", *dynamic]
         lines.append(region_table(self.regions))
         return "\n".join(lines)
 
 
 def explain(
-    fn: Callable[..., Any], *args: Any, options: Mapping[str, Any] | None = None, **kwargs: Any
+    fn: Callable[..., Any],
+    *args: Any,
+    options: Mapping[str, Any] | None = None,
+    dynamic: bool | None = None,
+    **kwargs: Any,
 ) -> Explanation:
-    """Compile ``fn`` with ``auto`` (and ``options``), run it once on ``args``, report."""
+    """Compile ``fn`` with ``auto`` (and ``options``), run it once on ``args``, report.
+
+    ``dynamic`` is ``torch.compile``'s; ``torch._dynamo.mark_dynamic`` on an
+    argument also makes its dimension symbolic, and the report lists it."""
     from torch._dynamo.backends.debugging import ExplainWithBackend
 
     torch._dynamo.reset()
     explainer = ExplainWithBackend("auto")
     explainer.backend = functools.partial(auto, options=options)
     with recorder.recording() as plans:
-        torch.compile(fn, backend=explainer)(*args, **kwargs)
+        torch.compile(fn, backend=explainer, dynamic=dynamic)(*args, **kwargs)
     out = explainer.output()
     torch._dynamo.reset()
     return Explanation(

@@ -8,6 +8,7 @@ and ``make_fx`` attach), so it works on graphs traced from real or fake
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -57,6 +58,33 @@ def is_symbolic(node: torch.fx.Node) -> bool:
     return False
 
 
+def has_unbacked_size(node: torch.fx.Node) -> bool:
+    """True where a node's value depends on data (an unbacked symbol such as ``u0``)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return any(free_unbacked_symbols(v) for v in flat_values(node) if v is not None)
+
+
+def is_size_arithmetic(node: torch.fx.Node) -> bool:
+    """True for a node that computes a symbolic size (``sym_size``, ``s0 * 5``), not tensor data."""
+    values = list(flat_values(node))
+    return bool(values) and all(isinstance(v, (torch.SymInt, torch.SymBool, torch.SymFloat)) for v in values)
+
+
+def dynamic_dims(gm: torch.fx.GraphModule, names: dict[int, str] | None = None) -> tuple[str, ...]:
+    """``"x dim 0 = s77"`` for every symbolic dimension of the graph's tensor inputs.
+
+    ``names`` gives user-facing names (Dynamo's ``L_x_``) to placeholder positions."""
+    dims = []
+    for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
+        value = node.meta.get(META_VAL)
+        if not isinstance(value, torch.Tensor):
+            continue
+        name = (names or {}).get(i, node.name)
+        dims += [f"{name} dim {d} = {s}" for d, s in enumerate(value.shape) if isinstance(s, torch.SymInt)]
+    return tuple(dims)
+
+
 def node_device_indices(node: torch.fx.Node) -> frozenset[torch.device]:
     """Devices (with index) a compute node touches: its inputs' and its outputs'."""
     devices = {t.device for t in tensor_values(node)}
@@ -81,6 +109,13 @@ def static_input_positions(dynamo_gm: torch.fx.GraphModule) -> frozenset[int]:
         for i, node in enumerate(placeholders)
         if node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")
     )
+
+
+def input_names(dynamo_gm: torch.fx.GraphModule) -> dict[int, str]:
+    """The user's names of a Dynamo graph's inputs by position: ``L_x_`` -> ``x``."""
+    placeholders = dynamo_gm.graph.find_nodes(op="placeholder")
+    names = (re.sub(r"^[lL]_(.+)_$", r"\1", str(p.target)) for p in placeholders)
+    return {i: re.sub(r"^(args|kwargs)_(\w+)$", r"\1[\2]", name) for i, name in enumerate(names)}
 
 
 def mark_static_inputs(aten_gm: torch.fx.GraphModule, positions: frozenset[int], lifted: int) -> None:
@@ -118,13 +153,14 @@ class GraphFacts:
     ops: tuple[str, ...]
     node_count: int
     dynamic: bool
+    dynamic_dims: tuple[str, ...] = ()
 
     @property
     def needs_grad(self) -> bool:
         return self.kind in NEEDS_GRAD
 
 
-def graph_facts(gm: torch.fx.GraphModule, kind: str) -> GraphFacts:
+def graph_facts(gm: torch.fx.GraphModule, kind: str, input_names: dict[int, str] | None = None) -> GraphFacts:
     nodes = compute_nodes(gm)
     devices: set[str] = set()
     dtypes: set[str] = set()
@@ -134,4 +170,5 @@ def graph_facts(gm: torch.fx.GraphModule, kind: str) -> GraphFacts:
             dtypes.add(str(t.dtype).removeprefix("torch."))
     ops = tuple(dict.fromkeys(op_name(n) for n in nodes if n.target is not operator.getitem))
     dynamic = any(is_symbolic(n) for n in gm.graph.nodes if n.op == "placeholder")
-    return GraphFacts(kind, frozenset(devices), frozenset(dtypes), ops, len(nodes), dynamic)
+    dims = dynamic_dims(gm, input_names)
+    return GraphFacts(kind, frozenset(devices), frozenset(dtypes), ops, len(nodes), dynamic, dims)

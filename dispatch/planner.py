@@ -143,16 +143,22 @@ def choose_routes(
 
 
 def plan_graph(
-    gm: torch.fx.GraphModule, kind: str, config: Config, graph_index: int
+    gm: torch.fx.GraphModule,
+    kind: str,
+    config: Config,
+    graph_index: int,
+    input_names: dict[int, str] | None = None,
 ) -> tuple[GraphPlan, torch.fx.GraphModule]:
     """Split ``gm`` (in place) into one submodule per region and describe them."""
-    facts = graph_facts(gm, kind)
+    facts = graph_facts(gm, kind, input_names)
     choices = choose_routes(gm, facts, config)
     devices = {c.device for c in choices.values()} | set(facts.devices)
     order = {device: route_order(device, kind, config)[0] for device in sorted(devices)}
     regions = form_regions(gm, choices, order, config.min_region_size, graph_index, kind)
     _plan_capture(gm, regions, order, facts)
-    plan = GraphPlan(graph_index, kind, facts.devices, facts.dynamic, facts.node_count, order, regions)
+    plan = GraphPlan(
+        graph_index, kind, facts.devices, facts.dynamic, facts.node_count, order, regions, facts.dynamic_dims
+    )
     return plan, gm
 
 

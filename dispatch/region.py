@@ -60,6 +60,8 @@ class GraphPlan:
     node_count: int
     route_order: dict[str, tuple[str, ...]]
     regions: list[Region] = field(default_factory=list)
+    #: "x dim 0 = s77" for each symbolic input dimension (empty for a static graph)
+    dynamic_dims: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +69,7 @@ class GraphPlan:
             "kind": self.kind,
             "devices": sorted(self.devices),
             "dynamic": self.dynamic,
+            "dynamic_dims": list(self.dynamic_dims),
             "node_count": self.node_count,
             "route_order": {k: list(v) for k, v in self.route_order.items()},
             "regions": [r.to_dict() for r in self.regions],

@@ -151,7 +151,7 @@ def test_disable_by_environment(monkeypatch):
     assert plan.regions[0].rejected["onnxrt"] == "disabled by DISPATCH_DISABLE"
 
 
-def test_dynamic_shapes_are_rejected_by_onnxrt_with_reason():
+def test_dynamic_shapes_go_to_onnxrt_with_their_dims_reported():
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     mode = FakeTensorMode(shape_env=ShapeEnv())
@@ -163,9 +163,10 @@ def test_dynamic_shapes_are_rejected_by_onnxrt_with_reason():
     x = mode.from_tensor(torch.randn(4, 16), source=ConstantSource("x"), symbolic_context=context)
     plan = dispatch.plan(torch.fx.symbolic_trace(model), [x])
     assert plan.graphs[0].dynamic
-    # Weight transposes are static but compute nothing: no onnxrt region for them.
-    assert {r.route for r in plan.regions} == {"eager"}
-    assert any("dynamic shape" in r.rejected["onnxrt"] for r in plan.regions)
+    (dim,) = plan.graphs[0].dynamic_dims
+    assert dim.startswith("arg6_1 dim 0 = s")
+    # onnxrt exports symbolic dims as dynamic axes: one region for the whole MLP.
+    assert [r.route for r in plan.regions] == ["onnxrt"]
 
 
 def test_plan_is_serialisable():

@@ -1,7 +1,7 @@
 """The ``onnxrt`` route: ONNX export of the region, run by an ONNX Runtime session.
 
 The region's aten graph goes through ``torch.onnx.export`` (the dynamo
-exporter); the model bytes are loaded into an ``InferenceSession`` on
+exporter; symbolic dimensions become dynamic axes, one export for all shapes); the model bytes are loaded into an ``InferenceSession`` on
 ``CPUExecutionProvider``, or ``CUDAExecutionProvider`` where onnxruntime-gpu is
 installed and the region is on CUDA. On every device IO binding points ORT at
 torch's input buffers and at output tensors that torch allocates, so no tensor
@@ -10,21 +10,28 @@ is copied or converted through numpy.
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib
 import logging
 import threading
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
-from ..inspect import META_ALONE, META_STATIC, GraphFacts, first_device, is_symbolic, tensor_values
+from ..inspect import (
+    META_ALONE,
+    META_STATIC,
+    GraphFacts,
+    first_device,
+    has_unbacked_size,
+    is_size_arithmetic,
+    tensor_values,
+)
 from .base import Availability, CompiledFn, Route
-from .onnx_ops import onnx_registry, translatable
+from .onnx_export import export_region, fed_positions
+from .onnx_ops import translatable
 from .registry import registry
 
 log = logging.getLogger("dispatch")
@@ -68,8 +75,10 @@ class OnnxRoute(Route):
         return f"device {device} is not served by onnxrt (cpu, cuda with onnxruntime-gpu)"
 
     def supports(self, node: torch.fx.Node, graph: GraphFacts) -> str | None:
-        if is_symbolic(node):
-            return "dynamic shape: onnxrt exports one static shape per region"
+        if has_unbacked_size(node):
+            return "data-dependent shape: ONNX export needs sizes known from the inputs' shapes"
+        if is_size_arithmetic(node):
+            return None  # exported as ONNX shape ops; symbolic dims become dynamic axes
         if not translatable(node.target):
             return f"the ONNX exporter cannot translate {node.target}"
         for t in tensor_values(node):
@@ -122,7 +131,7 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
-    if _largest_numel(gm) < SMALL_REGION_NUMEL:
+    if _largest_numel(args) < SMALL_REGION_NUMEL:
         # Measured (benchmarks/README.md): on tiny tensors ORT's thread pool
         # costs more than it parallelises.
         options.intra_op_num_threads = 1
@@ -136,80 +145,17 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
     else:
         providers = ["CPUExecutionProvider"]
     session = ort.InferenceSession(model, options, providers=providers)
-    placeholders = [p.name for p in gm.graph.find_nodes(op="placeholder")]
     feed_names = [i.name for i in session.get_inputs()]
+    # The model's inputs are the region's tensor inputs that were not baked in,
+    # in order (the exporter may rename them).
+    positions = fed_positions(args, frozen)
+    if len(feed_names) != len(positions):
+        raise RuntimeError(f"onnxrt: exported model has {len(feed_names)} inputs, expected {len(positions)}")
     outputs = [o.name for o in session.get_outputs()]
     expected = len(_output_values(gm))
     if len(outputs) != expected:
         raise RuntimeError(f"onnxrt: exported model has {len(outputs)} outputs, the region has {expected}")
-    return _BoundRunner(session, feed_names, [placeholders.index(n) for n in feed_names], outputs, device)
-
-
-def export_region(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], frozen: frozenset[int] = frozenset()
-) -> bytes:
-    """The ONNX model bytes of an aten region, exported with static shapes.
-
-    Placeholders at the ``frozen`` positions become constants (buffers of the
-    exported module) holding the values in ``example_inputs``.
-    """
-    root = torch.nn.Module()
-    graph = copy.deepcopy(gm.graph)
-    args = []
-    for i, node in enumerate(graph.find_nodes(op="placeholder")):
-        value = example_inputs[i]
-        value = value.detach() if isinstance(value, torch.Tensor) else value
-        if i in frozen:
-            name = f"frozen_{node.name}"
-            root.register_buffer(name, value)
-            with graph.inserting_before(node):
-                constant = graph.get_attr(name)
-            node.replace_all_uses_with(constant)
-            graph.erase_node(node)
-        else:
-            args.append(value)
-    module = torch.fx.GraphModule(root, graph)
-    quiet = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript")]
-    levels = [q.level for q in quiet]
-    for q in quiet:
-        q.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            program = _export(module, tuple(args))
-    finally:
-        for q, level in zip(quiet, levels):
-            q.setLevel(level)
-    return program.model_proto.SerializeToString()
-
-
-def _export(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
-    """``torch.onnx.export(module, args, dynamo=True)`` with the registry built once.
-
-    The public function rebuilds torchlib's registry on every call; its own
-    implementation accepts one. Should that private signature change, the
-    public function is used."""
-    try:
-        from torch.onnx._internal.exporter import _core
-    except ImportError:
-        _core = None
-    if _core is not None:
-        try:
-            return _core.export(
-                module,
-                args,
-                None,
-                registry=onnx_registry(),
-                optimize=True,
-                verbose=False,
-                report=False,
-                verify=False,
-            )
-        except TypeError:
-            pass
-    return torch.onnx.export(
-        module, args, dynamo=True, optimize=True, verbose=False, report=False, verify=False
-    )
+    return _BoundRunner(session, feed_names, positions, outputs, device)
 
 
 class _BoundRunner:
@@ -217,8 +163,8 @@ class _BoundRunner:
 
     ORT reads the input tensors' memory where it lies (inputs are re-bound only
     when their address or shape changes, so weights never are) and allocates
-    each output once, from its own arena; ``torch.from_dlpack`` wraps that
-    buffer without a copy. Torch-allocated outputs were tried first: a fresh
+    each call's outputs from its own arena; ``torch.from_dlpack`` wraps those
+    buffers without a copy. Torch-allocated outputs were tried first: a fresh
     12 MB output then page-faults on every call (0.6 ms of Conv-BN-ReLU's 3 ms),
     while ORT's arena reuses warm memory. Each thread keeps its own binding,
     since an ORT binding is not thread-safe."""
@@ -260,7 +206,14 @@ class _BoundRunner:
                 )
                 bound[k] = key
         self.session._sess.run_with_iobinding(binding._iobinding, self.run_options)
-        return tuple(torch.from_dlpack(v) for v in binding.get_outputs())
+        outputs = tuple(torch.from_dlpack(v) for v in binding.get_outputs())
+        # Bound outputs would be written again by the next run, under the caller's
+        # feet: a fresh binding makes ORT take new buffers from its arena (the
+        # caller's tensors keep theirs alive), also of a new shape for dynamic axes.
+        binding.clear_binding_outputs()
+        for name in self.outputs:
+            binding.bind_output(name, self.device_type, self.index)
+        return outputs
 
 
 @functools.cache
@@ -268,8 +221,10 @@ def _np_dtype(dtype: torch.dtype) -> Any:
     return torch.empty((), dtype=dtype).numpy().dtype
 
 
-def _largest_numel(gm: torch.fx.GraphModule) -> int:
-    return max((t.numel() for n in gm.graph.nodes for t in tensor_values(n)), default=0)
+def _largest_numel(args: Sequence[Any]) -> int:
+    # Real inputs, never the graph's fake values: comparing a symbolic size would
+    # add a guard to Dynamo's shape environment and specialise the graph.
+    return max((t.numel() for t in args if isinstance(t, torch.Tensor)), default=0)
 
 
 def _output_values(gm: torch.fx.GraphModule) -> list[Any]:

@@ -1,0 +1,142 @@
+"""ONNX export of one aten region, static or with dynamic axes.
+
+A region of a dynamic-shape graph is exported once, with every symbolic input
+dimension as an ONNX dynamic axis, instead of once per shape. Symbolic sizes
+that Dynamo passes as separate ``SymInt`` inputs become ``sym_size`` reads of a
+tensor input that carries the same size, so the ONNX model takes tensors only.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from ..inspect import META_VAL
+from .onnx_ops import onnx_registry
+
+
+def export_region(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], frozen: frozenset[int] = frozenset()
+) -> bytes:
+    """The ONNX model bytes of an aten region.
+
+    Placeholders at the ``frozen`` positions become constants (buffers of the
+    exported module) holding the values in ``example_inputs``. Symbolic
+    dimensions of the other inputs become dynamic axes.
+    """
+    root = torch.nn.Module()
+    graph = copy.deepcopy(gm.graph)
+    placeholders = graph.find_nodes(op="placeholder")
+    args, dynamic = [], []
+    for i, node in enumerate(placeholders):
+        value = example_inputs[i]
+        value = value.detach() if isinstance(value, torch.Tensor) else value
+        if i in frozen:
+            name = f"frozen_{node.name}"
+            root.register_buffer(name, value)
+            with graph.inserting_before(node):
+                constant = graph.get_attr(name)
+            node.replace_all_uses_with(constant)
+            graph.erase_node(node)
+        elif isinstance(value, torch.Tensor):
+            args.append(value)
+            dynamic.append(_dynamic_axes(node))
+    _sizes_from_tensors(graph)
+    module = torch.fx.GraphModule(root, graph)
+    dynamic_shapes = tuple(dynamic) if any(dynamic) else None
+    quiet = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            program = _export(module, tuple(args), dynamic_shapes)
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
+    return program.model_proto.SerializeToString()
+
+
+def fed_positions(example_inputs: Sequence[Any], frozen: frozenset[int]) -> list[int]:
+    """Positions of the region inputs that the exported model takes, in its input order."""
+    return [i for i, v in enumerate(example_inputs) if i not in frozen and isinstance(v, torch.Tensor)]
+
+
+def _dynamic_axes(node: torch.fx.Node) -> dict[int, Any]:
+    value = node.meta.get(META_VAL)
+    if not isinstance(value, torch.Tensor):
+        return {}
+    return {d: torch.export.Dim.DYNAMIC for d, s in enumerate(value.shape) if isinstance(s, torch.SymInt)}
+
+
+def _sizes_from_tensors(graph: torch.fx.Graph) -> None:
+    """Replace each ``SymInt`` placeholder by ``sym_size`` of a tensor input of that size.
+
+    ORT takes tensors only; Dynamo passes a dynamic size both as a tensor's
+    dimension and as a separate integer input."""
+    placeholders = graph.find_nodes(op="placeholder")
+    sources: dict[Any, tuple[torch.fx.Node, int]] = {}
+    for node in placeholders:
+        value = node.meta.get(META_VAL)
+        if isinstance(value, torch.Tensor):
+            for d, s in enumerate(value.shape):
+                if isinstance(s, torch.SymInt):
+                    sources.setdefault(s.node.expr, (node, d))
+    # The partitioner may leave ops between placeholders: inputs first, so that
+    # the sizes read from them precede every use.
+    previous = None
+    for node in placeholders:
+        if previous is None:
+            head = next(iter(graph.nodes))
+            if node is not head:
+                head.prepend(node)
+        else:
+            previous.append(node)
+        previous = node
+    last_input = placeholders[-1]
+    for node in placeholders:
+        value = node.meta.get(META_VAL)
+        if not isinstance(value, torch.SymInt):
+            continue
+        source = sources.get(value.node.expr)
+        if source is None:
+            raise RuntimeError(
+                f"onnxrt: the size input {node.name} = {value} is no dimension of a tensor input; "
+                "ONNX Runtime takes tensors only"
+            )
+        with graph.inserting_after(last_input):
+            size = graph.call_function(torch.ops.aten.sym_size.int, source)
+        size.meta[META_VAL] = value
+        node.replace_all_uses_with(size)
+        graph.erase_node(node)
+
+
+def _export(module: torch.nn.Module, args: tuple[Any, ...], dynamic_shapes: Any) -> Any:
+    """``torch.onnx.export`` of ``module``, traced by non-strict ``torch.export``.
+
+    We trace ourselves because the exporter may try strict (Dynamo) export
+    first, and that calls ``torch._dynamo.reset()``: every function the user
+    compiled would lose its cache and recompile, static again. The aten region
+    needs no Dynamo anyway. The exporter's own implementation takes the
+    registry we build once per process (the public function rebuilds it on
+    every call); should that private signature change, the public one is used."""
+    program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+    try:
+        from torch.onnx._internal.exporter import _core
+    except ImportError:
+        _core = None
+    if _core is not None:
+        try:
+            return _core.export(
+                program, args, None, registry=onnx_registry(), optimize=True, verbose=False, report=False
+            )
+        except TypeError:
+            pass
+    return torch.onnx.export(program, args, dynamo=True, optimize=True, verbose=False, report=False)

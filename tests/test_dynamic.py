@@ -1,0 +1,126 @@
+"""Dynamic shapes: few recompiles, one ONNX export with dynamic axes, reported dims."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import dispatch
+import dispatch.routes.onnxrt as onnxrt_route
+
+BATCHES = (1, 2, 3, 5, 8, 13, 64)
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 8)
+    ).eval()
+
+
+@pytest.fixture
+def exports(monkeypatch):
+    """Counts ONNX exports of the onnxrt route."""
+    count = [0]
+    export = onnxrt_route.export_region
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        return export(*args, **kwargs)
+
+    monkeypatch.setattr(onnxrt_route, "export_region", counting)
+    torch._dynamo.reset()
+    counters.clear()
+    return count
+
+
+@torch.no_grad()
+def test_batch_sizes_recompile_at_most_twice(exports):
+    m = model()
+    compiled = torch.compile(m, backend="auto")
+    for batch in BATCHES:
+        x = torch.randn(batch, 7, 16)
+        torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs <= 3, f"{graphs} graphs: more than two recompiles"
+    # One export for the batch-1 graph, one with a dynamic batch axis for all others.
+    assert exports[0] == graphs
+
+
+@torch.no_grad()
+def test_mark_dynamic_compiles_and_exports_once(exports):
+    m = model()
+    compiled = torch.compile(m, backend="auto")
+    for batch in BATCHES[1:]:
+        x = torch.randn(batch, 7, 16)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert exports[0] == 1
+
+
+@torch.no_grad()
+def test_sizes_passed_as_integers_reach_onnx_as_tensor_dims(exports):
+    """Dynamo passes a dynamic size as a separate SymInt input (here for the reshape);
+    the ONNX model reads it from the tensor instead."""
+
+    def fn(x, w):
+        return (x @ w).relu().reshape(x.shape[0], -1).sin()
+
+    w = torch.randn(16, 4)
+    compiled = torch.compile(fn, backend="auto")
+    for batch in (3, 5, 9):
+        x = torch.randn(batch, 7, 16)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch.testing.assert_close(compiled(x, w), fn(x, w), rtol=1e-5, atol=1e-5)
+    assert exports[0] == 1
+
+
+@torch.no_grad()
+def test_explain_shows_dynamic_dims():
+    x = torch.randn(4, 7, 16)
+    torch._dynamo.mark_dynamic(x, 0)
+    explanation = dispatch.explain(model(), x)
+    (graph,) = explanation.plans
+    assert graph.dynamic
+    assert len(graph.dynamic_dims) == 1 and graph.dynamic_dims[0].startswith("args[0] dim 0 = s")
+    assert "Dynamic dims:" in str(explanation)
+    assert "aten.addmm.default" in next(r for r in explanation.regions if r.route == "onnxrt").ops
+    assert explanation.to_dict()["graphs"][0]["dynamic_dims"] == list(graph.dynamic_dims)
+
+
+@torch.no_grad()
+def test_data_dependent_shape_is_a_reason_not_an_error():
+    def fn(x):
+        return torch.nonzero(x > 0).float().sum(0) * 2
+
+    x = torch.randn(6, 3)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        explanation = dispatch.explain(fn, x)
+        got = torch.compile(fn, backend="auto")(x)
+    torch.testing.assert_close(got, fn(x))
+    reasons = [r.rejected.get("onnxrt", "") for r in explanation.regions if r.route == "eager"]
+    assert any("data-dependent shape" in reason for reason in reasons), explanation
+
+
+@torch.no_grad()
+def test_an_onnx_export_does_not_reset_other_compiled_functions(exports):
+    """The exporter's strict (Dynamo) path resets Dynamo; ours must not use it."""
+    first = torch.compile(lambda x: torch.tanh(x) * 2 + 1, backend="auto")
+    x = torch.randn(8, 8)
+    first(x)
+    graphs = counters["stats"]["unique_graphs"]
+    second = torch.compile(lambda x: torch.sigmoid(x) * 3 - 1, backend="auto")
+    second(x)
+    first(x)
+    assert counters["stats"]["unique_graphs"] == graphs + 1
+
+
+@torch.no_grad()
+def test_outputs_of_one_call_survive_the_next():
+    m = model()
+    compiled = torch.compile(m, backend="auto")
+    a, b = torch.randn(4, 7, 16), torch.randn(4, 7, 16)
+    out_a = compiled(a)
+    kept = out_a.clone()
+    compiled(b)
+    assert torch.equal(out_a, kept)
