@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
 
 from .config import Config
 from .decompositions import onnx_friendly
@@ -28,6 +29,7 @@ from .inspect import (
     GRAPH_BACKWARD,
     GRAPH_FORWARD,
     GRAPH_INFERENCE,
+    input_names,
     mark_static_inputs,
     static_input_positions,
 )
@@ -35,7 +37,7 @@ from .planner import availability, plan_graph
 from .record import recorder
 from .region import Plan, region_table
 from .routes import registry
-from .stitch import stitch
+from .stitch import COMPILE_LOCK, stitch
 
 log = logging.getLogger("dispatch")
 
@@ -60,9 +62,15 @@ def auto(
         config = Config.resolve(options)
     except DispatchError as error:
         return _raiser(error)
-    log.setLevel(config.log_level.upper())
+    _configure_logging(config.log_level)
+    with COMPILE_LOCK:
+        return _compile(gm, example_inputs, config)
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config) -> Callable[..., Any]:
     compiler = _GraphCompiler(config, recorder.next_graph_index(), plan_only=False)
     compiler.static_inputs = static_input_positions(gm)
+    compiler.input_names = input_names(gm)
     compiler.lifted = sum(1 for _ in gm.parameters()) + sum(1 for _ in gm.buffers())
     compiler.num_inputs = len(example_inputs)
     if _onnxrt_may_run(config, example_inputs):
@@ -109,19 +117,22 @@ class _GraphCompiler:
         self.plans: list = []
         self.direct: torch.fx.GraphModule | None = None
         self.static_inputs: frozenset[int] = frozenset()
+        self.input_names: dict[int, str] = {}
         self.lifted = 0
         self.num_inputs = 0
         self.decompositions: dict[Any, Callable[..., Any]] | None = None
 
     def aot(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        wrapped = aot_module_simplified(
-            gm,
-            list(example_inputs),
+        # torch's own AOTAutograd backend helper, not aot_module_simplified alone:
+        # it flattens list inputs, keeps Dynamo out of the backward compiler and
+        # counts AOT compiles, which Dynamo's DDP optimizer relies on to hand each
+        # bucket's metadata to the runtime.
+        wrapped = aot_autograd(
             fw_compiler=functools.partial(self.compile, kind=GRAPH_FORWARD),
             bw_compiler=functools.partial(self.compile, kind=GRAPH_BACKWARD),
             inference_compiler=functools.partial(self.compile, kind=GRAPH_INFERENCE),
             decompositions=self.decompositions,
-        )
+        )(gm, list(example_inputs))
         direct = self.direct
         if (
             direct is not None
@@ -138,10 +149,13 @@ class _GraphCompiler:
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str
     ) -> Callable[..., Any]:
         placeholders = gm.graph.find_nodes(op="placeholder")
-        if kind == GRAPH_INFERENCE and len(placeholders) == self.lifted + self.num_inputs:
-            mark_static_inputs(gm, self.static_inputs, self.lifted)
+        names: dict[int, str] = {}
+        if kind != GRAPH_BACKWARD and len(placeholders) == self.lifted + self.num_inputs:
+            names = {self.lifted + i: name for i, name in self.input_names.items()}
+            if kind == GRAPH_INFERENCE:
+                mark_static_inputs(gm, self.static_inputs, self.lifted)
         try:
-            graph_plan, split = plan_graph(gm, kind, self.config, self.graph_index)
+            graph_plan, split = plan_graph(gm, kind, self.config, self.graph_index, names)
         except DispatchError as error:
             if self.plan_only:
                 raise
@@ -163,6 +177,15 @@ class _GraphCompiler:
         if kind == GRAPH_INFERENCE and _wrapper_is_identity():
             self.direct = stitched
         return make_boxed_func(stitched)
+
+
+def _configure_logging(level: str) -> None:
+    """``DISPATCH_LOG=info`` prints even where the application configured no logging."""
+    log.setLevel(level.upper())
+    if level != "warning" and not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("dispatch: %(message)s"))
+        log.addHandler(handler)
 
 
 def _onnxrt_may_run(config: Config, example_inputs: Sequence[Any]) -> bool:

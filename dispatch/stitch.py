@@ -28,6 +28,12 @@ from .routes import CompiledFn, registry
 log = logging.getLogger("dispatch")
 
 
+# One compile at a time in the process, planning and region compiles alike: FX
+# tracing keeps module-global state (torch.fx._symbolic_trace.CURRENT_PATCHER),
+# and threads making their first calls together broke each other's traces.
+COMPILE_LOCK = threading.RLock()
+
+
 class FallbackWarning(UserWarning):
     """A route failed on a region; the region now runs on the next route."""
 
@@ -71,7 +77,7 @@ class RegionRunner(torch.nn.Module):
                 try:
                     # AOTAutograd runs the first call under a checking dispatch mode;
                     # exporters and compilers must trace outside of it.
-                    with _disable_current_modes():
+                    with _disable_current_modes(), COMPILE_LOCK:
                         fn = self._compile(route, args)
                     if self.config.verify and route != "eager":
                         self._verify(fn, args)
