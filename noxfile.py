@@ -1,4 +1,4 @@
-"""Sessions: tests, slow, gpu, lint, demo, bench.
+"""Sessions: tests, slow, fuzz, gpu, lint, demo, bench.
 
 Every session pins the CPU build of torch that lies on this machine's disk
 (torch==2.13.0) before installing the package, so an unpinned ``torch`` never
@@ -41,6 +41,16 @@ def slow(session: nox.Session) -> None:
     """Long runs kept out of the default suite."""
     install(session, "test")
     session.run("pytest", "-m", "slow", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def fuzz(session: nox.Session) -> None:
+    """The random-graph property test with many fresh examples (DISPATCH_FUZZ_EXAMPLES, default 200)."""
+    install(session, "test")
+    examples = os.environ.get("DISPATCH_FUZZ_EXAMPLES", "200")
+    session.run(
+        "pytest", "tests/test_random_graphs.py", *session.posargs, env={"DISPATCH_FUZZ_EXAMPLES": examples}
+    )
 
 
 @nox.session(python=PYTHON)

@@ -1,5 +1,6 @@
 """End to end through torch.compile(backend="auto") on CPU."""
 
+import os
 import re
 import subprocess
 import sys
@@ -212,3 +213,15 @@ def test_dispatch_log_info_reports_each_graph(monkeypatch, caplog):
     assert any(
         re.search(r"graph \d+ \(inference\): onnxrt_cpu_0 -> onnxrt", r.getMessage()) for r in caplog.records
     )
+
+
+def test_dispatch_log_prints_without_logging_configured():
+    code = (
+        "import torch, dispatch\n"
+        "with torch.no_grad():\n"
+        "    torch.compile(lambda x: x.relu() * 2, backend='auto')(torch.randn(3))\n"
+    )
+    env = {**os.environ, "DISPATCH_LOG": "info"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "dispatch: graph 0 (inference)" in out.stderr
