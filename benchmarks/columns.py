@@ -2,7 +2,10 @@
 
 eager: the module itself. inductor: torch.compile(backend="inductor").
 onnxrt_direct: the whole model exported with torch.onnx.export and run by an
-ONNX Runtime session, fed and read through numpy as a user would. auto: ours.
+ONNX Runtime session, fed and read through numpy as a user would. openvino:
+torch.compile(backend="openvino") where OpenVINO is installed (reported as
+failed where it is not). auto: ours with its rules; auto_tuned: ours with
+measured routing (options={"autotune": True}).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from typing import Any
 
 import torch
 
-COLUMNS = ("eager", "inductor", "onnxrt_direct", "auto")
+PEERS = ("eager", "inductor", "onnxrt_direct", "openvino")
+OURS = ("auto", "auto_tuned")
+COLUMNS = PEERS + OURS
 
 
 def make(column: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
@@ -24,8 +29,13 @@ def make(column: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) 
     if column == "inductor":
         compiled = torch.compile(model, backend="inductor")
         return lambda: compiled(*inputs)
-    if column == "auto":
-        compiled = torch.compile(model, backend="auto")
+    if column == "openvino":
+        import openvino.torch  # noqa: F401  (registers the backend)
+
+        compiled = torch.compile(model, backend="openvino")
+        return lambda: compiled(*inputs)
+    if column in OURS:
+        compiled = torch.compile(model, backend="auto", options={"autotune": column == "auto_tuned"})
         return lambda: compiled(*inputs)
     if column == "onnxrt_direct":
         return _onnxrt_direct(model, inputs)

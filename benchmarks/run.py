@@ -1,5 +1,7 @@
-"""`nox -s bench`: eager, inductor, direct ONNX Runtime and auto on the benchmark
-models, in one run. Writes benchmarks/results/<stamp>.json, .md and .png (and
+"""`nox -s bench`: every peer (eager, inductor, direct ONNX Runtime, OpenVINO) and
+auto with measuring off and on, on the benchmark models, in one run; cold and
+warm (second process, same caches) compile times, peak RSS per column, and the
+1024-wide MLP's share of this machine's peak GEMM throughput. Writes benchmarks/results/<stamp>.json, .md and .png (and
 latest.*). Compare ratios within one run, never absolute times across runs.
 
     python -m benchmarks.run [--models tiny_mlp,mlp_1024] [--seconds 6]
@@ -14,12 +16,13 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from .columns import COLUMNS
+from .columns import COLUMNS, OURS, PEERS
 from .models import MODELS
 
 RESULTS = Path(__file__).parent / "results"
@@ -28,10 +31,10 @@ RESULTS = Path(__file__).parent / "results"
 class _Worker:
     """A running ``benchmarks.worker`` process for one (model, column)."""
 
-    def __init__(self, model: str, column: str) -> None:
+    def __init__(self, model: str, column: str, cache_dir: str) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCH_")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.worker", model, column],
+            [sys.executable, "-m", "benchmarks.worker", model, column, cache_dir],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -83,12 +86,20 @@ def _time_side_by_side(workers: dict[str, _Worker], seconds: float) -> dict[str,
 
 def run(models: list[str], seconds: float) -> dict:
     rows = []
+    peak = peak_gemm_flops()
     for name in models:
         print(f"[bench] {name}: compiling each column in a fresh process", flush=True)
-        workers = {col: _Worker(name, col) for col in COLUMNS}
+        caches = {col: tempfile.mkdtemp(prefix=f"bench-{name}-{col}-") for col in COLUMNS}
+        workers = {col: _Worker(name, col, caches[col]) for col in COLUMNS}
         print(f"[bench] {name}: timing side by side", flush=True)
         per_call = _time_side_by_side(workers, seconds)
         rss = {col: w.close() for col, w in workers.items()}
+        warm = {}
+        for col in ("inductor", *OURS):
+            print(f"[bench] {name}: warm start of {col} (second process, same caches)", flush=True)
+            second = _Worker(name, col, caches[col])
+            warm[col] = second.ready.get("compile_s") if second.ready.get("ok") else None
+            second.close()
         row = {"model": name, "columns": {}}
         for col in COLUMNS:
             ready = workers[col].ready
@@ -96,9 +107,15 @@ def run(models: list[str], seconds: float) -> dict:
                 "ok": bool(ready.get("ok")),
                 "per_call_s": per_call.get(col),
                 "compile_s": ready.get("compile_s"),
+                "warm_compile_s": warm.get(col),
                 "max_error": ready.get("max_error"),
                 "peak_rss_mb": rss.get(col),
                 "error": ready.get("error"),
+            }
+        flops = model_flops(name)
+        if flops and peak:
+            row["gemm_peak_fraction"] = {
+                col: flops / v["per_call_s"] / peak for col, v in row["columns"].items() if v["per_call_s"]
             }
         rows.append(_with_ratios(row))
     return {
@@ -107,22 +124,59 @@ def run(models: list[str], seconds: float) -> dict:
             "torch": torch.__version__,
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
+            "peak_gemm_gflops": peak / 1e9 if peak else None,
         },
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "rows": rows,
     }
 
 
+def peak_gemm_flops(n: int = 2048) -> float:
+    """This machine's GEMM throughput: one large fp32 matmul, best of several."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(5))
+    return 2 * n**3 / best
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def model_flops(name: str) -> float | None:
+    """Multiply-add FLOPs of one call, for the models made of Linear layers only."""
+    if name != "mlp_1024":
+        return None
+    from .models import build
+
+    model, (x,) = build(name)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return sum(2.0 * x.shape[0] * m.in_features * m.out_features for m in linears)
+
+
 def _with_ratios(row: dict) -> dict:
     cols = row["columns"]
-    peers = {c: v["per_call_s"] for c, v in cols.items() if c != "auto" and v["ok"] and v["per_call_s"]}
+    peers = {c: cols[c]["per_call_s"] for c in PEERS if cols[c]["ok"] and cols[c]["per_call_s"]}
     best = min(peers.values()) if peers else None
-    auto = cols["auto"]
     row["best_peer"] = min(peers, key=peers.get) if peers else None
-    row["auto_over_best"] = auto["per_call_s"] / best if best and auto["ok"] else None
-    ind = cols["inductor"]
-    row["auto_compile_over_inductor"] = (
-        auto["compile_s"] / ind["compile_s"] if auto["ok"] and ind["ok"] and ind["compile_s"] else None
+    eager = cols["eager"]
+    for col in OURS:
+        ours = cols[col]
+        row[f"{col}_over_best"] = ours["per_call_s"] / best if best and ours["ok"] else None
+        row[f"{col}_warm_over_cold"] = (
+            ours["warm_compile_s"] / ours["compile_s"] if ours["ok"] and ours["warm_compile_s"] else None
+        )
+        row[f"{col}_rss_over_eager"] = (
+            ours["peak_rss_mb"] / eager["peak_rss_mb"]
+            if ours["peak_rss_mb"] and eager["peak_rss_mb"]
+            else None
+        )
+    row["auto_over_eager"] = (
+        cols["auto"]["per_call_s"] / eager["per_call_s"]
+        if cols["auto"]["ok"] and eager["per_call_s"]
+        else None
     )
     return row
 
@@ -132,11 +186,12 @@ def markdown(result: dict) -> str:
     lines = [
         f"Run {result['time']} on {m['platform']}, {m['cpus']} CPUs, torch {m['torch']}.",
         "",
-        "Each cell: per-call time (median of batches taken in turn, each column in its own process) \\| "
-        "cold compile time (first call, fresh caches) \\| max abs error vs eager \\| peak RSS.",
+        "Per-call time (median of batches taken in turn, each column in its own process) \\| "
+        "cold compile (first call, fresh caches) \\| warm compile (second process, same caches) "
+        "\\| peak RSS. auto: rules; auto_tuned: measured routing.",
         "",
-        "| model | " + " | ".join(COLUMNS) + " | auto / best peer | auto compile / inductor compile |",
-        "|---|" + "---|" * (len(COLUMNS) + 2),
+        "| model | " + " | ".join(COLUMNS) + " |",
+        "|---|" + "---|" * len(COLUMNS),
     ]
     for row in result["rows"]:
         cells = []
@@ -144,14 +199,42 @@ def markdown(result: dict) -> str:
             v = row["columns"][col]
             if not v["ok"]:
                 cells.append(f"failed: {(v['error'] or '')[:60]}")
-            else:
-                rss = f"{v['peak_rss_mb']:.0f} MB" if v["peak_rss_mb"] else "-"
-                cells.append(
-                    f"{_fmt_time(v['per_call_s'])} \\| {v['compile_s']:.2f} s \\| {v['max_error']:.1e} \\| {rss}"
-                )
-        ratio = f"{row['auto_over_best']:.2f}x ({row['best_peer']})" if row["auto_over_best"] else "-"
-        comp = f"{row['auto_compile_over_inductor']:.2f}" if row["auto_compile_over_inductor"] else "-"
-        lines.append(f"| {row['model']} | " + " | ".join(cells) + f" | {ratio} | {comp} |")
+                continue
+            parts = [_fmt_time(v["per_call_s"]), f"{v['compile_s']:.2f} s"]
+            if v.get("warm_compile_s"):
+                parts.append(f"warm {v['warm_compile_s']:.2f} s")
+            parts.append(f"{v['peak_rss_mb']:.0f} MB" if v["peak_rss_mb"] else "-")
+            cells.append(" \\| ".join(parts))
+        lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Ratios (targets: per call <= 1.0x the best peer, 1.05x noise; geomean <= 0.95; "
+        "warm <= 0.20x cold; RSS <= 1.2x eager):",
+        "",
+        "| model | best peer | auto / best | auto_tuned / best | auto / eager | warm / cold (auto, tuned) "
+        "| RSS / eager (auto, tuned) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| {row['model']} | {row['best_peer'] or '-'} | {_x(row['auto_over_best'])} "
+            f"| {_x(row['auto_tuned_over_best'])} | {_x(row['auto_over_eager'])} "
+            f"| {_x(row['auto_warm_over_cold'])}, {_x(row['auto_tuned_warm_over_cold'])} "
+            f"| {_x(row['auto_rss_over_eager'])}, {_x(row['auto_tuned_rss_over_eager'])} |"
+        )
+    for col in OURS:
+        ratios = [r[f"{col}_over_best"] for r in result["rows"] if r[f"{col}_over_best"]]
+        if ratios:
+            geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+            lines += ["", f"Geometric mean of {col} / best peer: {geo:.2f}"]
+    for row in result["rows"]:
+        if row.get("gemm_peak_fraction"):
+            peak = m.get("peak_gemm_gflops")
+            fractions = ", ".join(f"{c} {f:.0%}" for c, f in row["gemm_peak_fraction"].items())
+            lines += [
+                "",
+                f"{row['model']}: share of this machine's peak GEMM ({peak:.0f} GFLOP/s): {fractions}",
+            ]
     cuda = result.get("cuda", {})
     if "skipped" in cuda:
         lines += ["", f"CUDA benchmarks skipped: {cuda['skipped']}."]
@@ -159,11 +242,11 @@ def markdown(result: dict) -> str:
         lines += ["", f"CUDA ({cuda['device']}, copy bandwidth {cuda['copy_GB/s']:.0f} GB/s):", ""]
         lines += [f"- {name}: " + json.dumps(v) for name, v in cuda["kernels"].items()]
         lines += ["- 20-op launch-bound graph: " + json.dumps(cuda["launch_bound_20_ops"])]
-    ratios = [r["auto_over_best"] for r in result["rows"] if r["auto_over_best"]]
-    if ratios:
-        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        lines += ["", f"Geometric mean of auto / best peer: {geo:.2f}"]
     return "\n".join(lines) + "\n"
+
+
+def _x(ratio: float | None) -> str:
+    return f"{ratio:.2f}x" if ratio else "-"
 
 
 def _fmt_time(seconds: float) -> str:

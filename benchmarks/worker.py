@@ -1,8 +1,9 @@
 """One benchmark column for one model, in a process of its own.
 
-    python -m benchmarks.worker MODEL COLUMN
+    python -m benchmarks.worker MODEL COLUMN [CACHE_DIR]
 
-It starts with fresh Inductor and dispatch caches, builds the column (the cold
+It starts with fresh Inductor and dispatch caches (or those under CACHE_DIR:
+a second worker on the same CACHE_DIR measures a warm start), builds the column (the cold
 compile time is the first call, compile included), checks the output against
 eager, prints one ``BENCH_READY {json}`` line, then serves timing requests on
 stdin: a line ``N`` runs N calls and answers ``BENCH_TIME seconds``; ``quit``
@@ -50,9 +51,10 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def main(model_name: str, column: str) -> None:
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-inductor-")
-    os.environ["DISPATCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-dispatch-")
+def main(model_name: str, column: str, cache_dir: str | None = None) -> None:
+    cache_dir = cache_dir or tempfile.mkdtemp(prefix="bench-cache-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
+    os.environ["DISPATCH_CACHE_DIR"] = os.path.join(cache_dir, "dispatch")
     model, inputs = build(model_name)
     _warm_up_process()
     with torch.no_grad():
@@ -88,4 +90,4 @@ def main(model_name: str, column: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

@@ -22,6 +22,7 @@ import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
+from .cache import ArtifactCache, use_inductor_cache, using
 from .config import Config
 from .decompositions import onnx_friendly
 from .errors import ConfigError, DispatchError
@@ -63,7 +64,8 @@ def auto(
     except DispatchError as error:
         return _raiser(error)
     _configure_logging(config.log_level)
-    with COMPILE_LOCK:
+    use_inductor_cache(config.cache_dir)
+    with COMPILE_LOCK, using(ArtifactCache(config.cache_dir)):
         return _compile(gm, example_inputs, config)
 
 
@@ -91,7 +93,8 @@ def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any
     """
     config = Config.resolve(options)
     compiler = _GraphCompiler(config, 0, plan_only=True)
-    compiler.aot(_returning_tuple(gm), example_inputs)
+    with using(ArtifactCache(config.cache_dir)):
+        compiler.aot(_returning_tuple(gm), example_inputs)
     return Plan(compiler.plans)
 
 

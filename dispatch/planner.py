@@ -60,6 +60,16 @@ def route_order(device: str, kind: str, config: Config) -> tuple[tuple[str, ...]
     else:
         rule = default_rule(device, kind)
         order = list(rule.routes)
+        if config.autotune:
+            # Measurement decides: every other route that serves the device joins
+            # the candidates, ahead of eager (the rule's order stays the tie-break).
+            extra = [
+                r.name
+                for r in registry
+                if r.name not in order and not r.wraps and r.serves_device(device) and availability(r).ok
+            ]
+            at = order.index("eager") if "eager" in order else len(order)
+            order[at:at] = extra
         for name in registry.names():
             if name not in order:
                 left_out[name] = f"not chosen by rule: {rule.reason}"

@@ -33,6 +33,8 @@ class Region:
     fallbacks: tuple[str, ...] = ()
     #: for a captured region (route "cudagraphs"), the route that runs inside the capture
     inner_route: str | None = None
+    #: with autotune: each candidate route's measured time per call, or why it was not measured
+    measured: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -46,6 +48,7 @@ class Region:
             "node_count": self.node_count,
             "rejected": dict(self.rejected),
             "fallbacks": list(self.fallbacks),
+            "measured": dict(self.measured),
         }
 
 
@@ -123,6 +126,13 @@ def region_table(regions: Sequence[Region]) -> str:
     ]
     if notes:
         lines += ["", "Why not other routes:", *notes]
+    measured = [
+        f"  {r.name} [{r.kind}]: " + ", ".join(f"{route} {line}" for route, line in r.measured.items())
+        for r in regions
+        if r.measured
+    ]
+    if measured:
+        lines += ["", "Measured (autotune):", *measured]
     return "\n".join(lines)
 
 

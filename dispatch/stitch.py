@@ -19,6 +19,8 @@ import torch
 import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
+from .autotune import check_close, format_seconds, measure
+from .cache import ArtifactCache, region_key, using
 from .config import Config
 from .errors import RouteFailedError
 from .inspect import META_ALONE
@@ -56,6 +58,7 @@ class RegionRunner(torch.nn.Module):
         self.region = region
         self.config = config
         self.chain = [region.route, *region.fallbacks]
+        self.cache = ArtifactCache(config.cache_dir)
         self._fn: CompiledFn | None = None
         self._lock = threading.Lock()
 
@@ -71,7 +74,9 @@ class RegionRunner(torch.nn.Module):
             return self._after_failure(fn, error, args)
 
     def _prepare(self, args: Sequence[Any]) -> CompiledFn:
-        with self._lock:
+        with self._lock, using(self.cache):
+            if self._fn is None and self.config.autotune:
+                self._autotune(args)
             while self._fn is None:
                 route = self.chain[0]
                 try:
@@ -80,12 +85,50 @@ class RegionRunner(torch.nn.Module):
                     with _disable_current_modes(), COMPILE_LOCK:
                         fn = self._compile(route, args)
                     if self.config.verify and route != "eager":
-                        self._verify(fn, args)
+                        check_close(self.gm(*args), fn(*args))
                 except Exception as error:
                     self._next_route("compile", error)
                     continue
                 self._fn = fn
             return self._fn
+
+    def _autotune(self, args: Sequence[Any]) -> None:
+        """Reorder the chain by measured speed (or by the cached decision) and
+        keep the winner's compiled function."""
+        region = self.region
+        if registry.get(self.chain[0]).wraps or len(self.chain) < 2:
+            return  # a capture wraps one inner route; a lone route has no rival
+        key = region_key(self.gm, "decision", tuple(self.chain))
+        decision = self.cache.get_json("decision", key)
+        if decision is not None and set(decision["order"]) <= set(self.chain):
+            region.measured = {r: f"{line} (cached)" for r, line in decision["measured"].items()}
+            self._reorder(decision["order"], decision["reasons"])
+            return
+        with _disable_current_modes(), COMPILE_LOCK:
+            tuning = measure(
+                self.chain, lambda route: self._compile(route, args), lambda: self.gm(*args), args
+            )
+        region.measured = {r: format_seconds(t) for r, t in tuning.seconds.items()}
+        region.measured.update({r: why for r, why in tuning.reasons.items() if r not in tuning.seconds})
+        if tuning.best is None:
+            return  # nothing measured: the ordinary chain, with its fallbacks, takes over
+        order = tuning.ranking()
+        self._reorder(order, tuning.reasons)
+        self._fn = tuning.compiled
+        self.cache.put_json(
+            "decision", key, {"order": order, "reasons": tuning.reasons, "measured": region.measured}
+        )
+
+    def _reorder(self, order: Sequence[str], reasons: dict[str, str]) -> None:
+        region = self.region
+        self.chain = list(order)
+        if "eager" not in self.chain and not self.config.strict:
+            self.chain.append("eager")
+        for route, reason in reasons.items():
+            region.rejected[route] = reason
+        region.rejected.pop(self.chain[0], None)
+        region.route = self.chain[0]
+        region.fallbacks = tuple(self.chain[1:])
 
     def _compile(self, route: str, args: Sequence[Any]) -> CompiledFn:
         chosen = registry.get(route)
@@ -122,28 +165,3 @@ class RegionRunner(torch.nn.Module):
             FallbackWarning,
             stacklevel=3,
         )
-
-    def _verify(self, fn: CompiledFn, args: Sequence[Any]) -> None:
-        expected = self.gm(*args)
-        got = fn(*args)
-        for i, (e, g) in enumerate(zip(expected, got, strict=True)):
-            if isinstance(e, torch.Tensor):
-                rtol, atol = _tolerance(e.dtype)
-                torch.testing.assert_close(
-                    g,
-                    e,
-                    rtol=rtol,
-                    atol=atol,
-                    check_device=True,
-                    msg=lambda m, i=i: f"output {i} differs from eager: {m}",
-                )
-
-
-def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    if dtype in (torch.float16, torch.bfloat16):
-        return 2e-2, 2e-2
-    if dtype == torch.float32:
-        return 1e-4, 1e-4
-    if dtype.is_floating_point or dtype.is_complex:
-        return 1e-7, 1e-7
-    return 0.0, 0.0

@@ -30,10 +30,12 @@ needs_triton = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def clean_state(monkeypatch):
+def clean_state(monkeypatch, tmp_path):
     for name in list(os.environ):
         if name.startswith("DISPATCH_"):
             monkeypatch.delenv(name)
+    # A fresh persistent cache per test: no test reads another's decisions or exports.
+    monkeypatch.setenv("DISPATCH_CACHE_DIR", str(tmp_path / "dispatch-cache"))
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

@@ -1,5 +1,6 @@
 """Failing routes: every region falls back alone, warns once, and stays correct."""
 
+import time
 import warnings
 
 import pytest
@@ -36,6 +37,8 @@ class DemoRoute(Route):
             self.calls += 1
             if self.mode == "run-error":
                 raise RuntimeError("demo kernel crashed")
+            if self.mode == "slow":
+                time.sleep(1e-3)
             out = gm(*args)
             if self.mode == "wrong":
                 return tuple(o + 1 for o in out)

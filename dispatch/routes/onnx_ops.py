@@ -8,10 +8,14 @@ a hand-written list.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..cache import ArtifactCache, current_cache, versions
 
 
 @functools.cache
@@ -32,21 +36,29 @@ def onnx_registry() -> Any:
         logger.setLevel(level)
 
 
-@functools.cache
-def _registered_names() -> frozenset[str]:
-    return frozenset(k if isinstance(k, str) else str(k) for k in onnx_registry().functions)
-
-
-@functools.cache
-def _decomposable() -> frozenset[str]:
-    names = {op.name() for op in torch.export.default_decompositions() if hasattr(op, "name")}
-    names.update(op.name() for op in torch._decomp.decomposition_table if hasattr(op, "name"))
-    return frozenset(names)
-
-
 def translatable(target: object) -> bool:
     """True where ``torch.onnx.export`` can turn the aten op ``target`` into ONNX."""
     if not isinstance(target, torch._ops.OpOverload):
         return False
-    name = target.name()
-    return name in _registered_names() or name in _decomposable()
+    cache = current_cache()
+    return target.name() in _translatable_names(cache.root if cache else None)
+
+
+@functools.cache
+def _translatable_names(root: Path | None) -> frozenset[str]:
+    """Ops that torchlib registers or that the exporter's decomposition tables rewrite.
+
+    Read from the persistent cache where an earlier process stored them:
+    building torchlib's registry (and importing onnxscript for it) costs
+    seconds that a warm start should not pay."""
+    cache = ArtifactCache(root) if root else None
+    key = hashlib.sha256(repr(versions()).encode()).hexdigest()
+    names = cache.get_json("onnx-ops", key) if cache else None
+    if names is None:
+        registered = {k if isinstance(k, str) else str(k) for k in onnx_registry().functions}
+        decomposable = {op.name() for op in torch.export.default_decompositions() if hasattr(op, "name")}
+        decomposable.update(op.name() for op in torch._decomp.decomposition_table if hasattr(op, "name"))
+        names = sorted(registered | decomposable)
+        if cache:
+            cache.put_json("onnx-ops", key, names)
+    return frozenset(names)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import logging
 import threading
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..cache import current_cache, region_key, tensors_digest
 from ..inspect import (
     META_ALONE,
     META_STATIC,
@@ -50,10 +52,14 @@ class OnnxRoute(Route):
     def available(self) -> Availability:
         missing = []
         for module in ("onnxruntime", "onnx", "onnxscript"):
+            # Found, not imported: onnx and onnxscript are needed only to export,
+            # and a warm start that loads its models from the cache never does.
             try:
-                importlib.import_module(module)
-            except ImportError as e:
-                missing.append(f"{module} ({e})")
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                missing.append(f"{module} (No module named {module!r})")
         if missing:
             return Availability(
                 False, None, "not installed: " + ", ".join(missing) + "; pip install dispatch[onnx]"
@@ -123,10 +129,23 @@ class _FrozenWeightsRunner:
         return self.run(*args)
 
 
+def _cached_export(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> bytes:
+    """The region's ONNX bytes, from the persistent cache when an earlier process
+    exported the same region with the same baked weights."""
+    cache = current_cache()
+    if cache is None:
+        return export_region(gm, args, frozen)
+    key = region_key(gm, "onnxrt", sorted(frozen), tensors_digest(args[i] for i in sorted(frozen)))
+    model = cache.get("onnx", key)
+    if model is None:
+        model = cache.put("onnx", key, export_region(gm, args, frozen))
+    return model
+
+
 def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> CompiledFn:
     import onnxruntime as ort
 
-    model = export_region(gm, args, frozen)
+    model = _cached_export(gm, args, frozen)
     device = first_device(args)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -1,0 +1,126 @@
+"""Measured routing: time a region's candidate routes on its real inputs, keep the fastest.
+
+With ``options={"autotune": True}`` (or ``DISPATCH_AUTOTUNE=1``) each region is
+compiled by every route that can run it, each result is checked against eager
+(dtype-aware tolerance), each correct candidate is timed (warm-up, then the
+median of several batches) and the fastest wins. A time budget per region
+bounds the measuring; candidates past it are skipped with that reason. The
+decision is stored in the persistent cache, so a second process measures
+nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .routes import CompiledFn
+
+BUDGET_S = 30.0  # per region: compiling and timing all candidates
+WARMUP_CALLS = 2
+BATCHES = 5
+BATCH_S = 2e-3  # each timed batch runs at least this long, so timer resolution does not matter
+
+
+@dataclass
+class Tuning:
+    """The outcome of measuring one region: the winner and a line per candidate."""
+
+    best: str | None = None
+    compiled: CompiledFn | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def ranking(self) -> list[str]:
+        return sorted(self.seconds, key=self.seconds.get)
+
+
+def measure(
+    candidates: Sequence[str],
+    compile_route: Callable[[str], CompiledFn],
+    reference: Callable[[], Any],
+    args: Sequence[Any],
+    budget_s: float | None = None,
+) -> Tuning:
+    """Compile, check and time each candidate; never on fake tensors."""
+    budget_s = BUDGET_S if budget_s is None else budget_s
+    if any(isinstance(a, torch._subclasses.FakeTensor) for a in args):
+        raise RuntimeError("autotune measures real inputs only; these are fake")
+    tuning = Tuning()
+    expected = reference()
+    start = time.perf_counter()
+    compiled: dict[str, CompiledFn] = {}
+    for route in candidates:
+        if time.perf_counter() - start > budget_s:
+            tuning.reasons[route] = f"not measured: the measuring budget of {budget_s:.0f} s was spent"
+            continue
+        try:
+            fn = compile_route(route)
+            check_close(expected, fn(*args))
+        except Exception as error:  # a failing candidate loses; it never breaks the region
+            detail = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+            tuning.reasons[route] = f"not measured: {detail}"
+            continue
+        tuning.seconds[route] = _median_call_s(fn, args)
+        compiled[route] = fn
+    if tuning.seconds:
+        tuning.best = tuning.ranking()[0]
+        tuning.compiled = compiled[tuning.best]
+        best_s = tuning.seconds[tuning.best]
+        for route, seconds in tuning.seconds.items():
+            if route != tuning.best:
+                tuning.reasons[route] = (
+                    f"slower by measurement: {format_seconds(seconds)} vs {tuning.best} {format_seconds(best_s)}"
+                )
+    return tuning
+
+
+def _median_call_s(fn: CompiledFn, args: Sequence[Any]) -> float:
+    for _ in range(WARMUP_CALLS):
+        fn(*args)
+    start = time.perf_counter()
+    fn(*args)
+    one = max(time.perf_counter() - start, 1e-7)
+    calls = max(1, min(1000, int(BATCH_S / one)))
+    samples = []
+    for _ in range(BATCHES):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        samples.append((time.perf_counter() - start) / calls)
+    return sorted(samples)[len(samples) // 2]
+
+
+def check_close(expected: Sequence[Any], got: Sequence[Any]) -> None:
+    """Raise where ``got`` differs from eager's ``expected`` beyond the dtype's tolerance."""
+    for i, (e, g) in enumerate(zip(expected, got, strict=True)):
+        if isinstance(e, torch.Tensor):
+            rtol, atol = tolerance(e.dtype)
+            torch.testing.assert_close(
+                g,
+                e,
+                rtol=rtol,
+                atol=atol,
+                check_device=True,
+                msg=lambda m, i=i: f"output {i} differs from eager: {m}",
+            )
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    if dtype in (torch.float16, torch.bfloat16):
+        return 2e-2, 2e-2
+    if dtype == torch.float32:
+        return 1e-4, 1e-4
+    if dtype.is_floating_point or dtype.is_complex:
+        return 1e-7, 1e-7
+    return 0.0, 0.0
+
+
+def format_seconds(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    return f"{seconds * 1e3:.2f} ms"

@@ -1,0 +1,160 @@
+"""The persistent cache under ``DISPATCH_CACHE_DIR``: routing decisions and artifacts.
+
+    cache = ArtifactCache(config.cache_dir)
+    model = cache.get("onnx", key) or cache.put("onnx", key, export())
+
+Entries are keyed by ``region_key``: the region's code, its inputs' shapes,
+dtypes and devices, and the versions of torch, onnxruntime, onnx, onnxscript,
+triton and dispatch, so an upgrade never reads an old entry. Each file is
+written to a temporary name and renamed into place (atomic: two processes
+compiling the same model at once both write whole files, and the last one
+wins). A file carries a digest of its payload; a truncated or corrupted entry
+is reported once, ignored and rewritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Iterable, Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from .inspect import META_STATIC, META_VAL
+
+_MAGIC = b"DISPATCH-CACHE-1\n"
+_DIGEST = 32
+ENV_INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+
+
+class CacheWarning(UserWarning):
+    """A cache entry was unreadable; it is ignored and rewritten."""
+
+
+class ArtifactCache:
+    """Bytes and JSON records under ``root/<kind>/<key[:2]>/<key>``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def _path(self, kind: str, key: str) -> Path:
+        return self.root / kind / key[:2] / key
+
+    def get(self, kind: str, key: str) -> bytes | None:
+        path = self._path(kind, key)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        head, digest, payload = (
+            data[: len(_MAGIC)],
+            data[len(_MAGIC) : len(_MAGIC) + _DIGEST],
+            data[len(_MAGIC) + _DIGEST :],
+        )
+        if head != _MAGIC or hashlib.sha256(payload).digest() != digest:
+            _warn_once(
+                f"dispatch: cache entry {path} is truncated or corrupted; ignoring it, it will be rewritten"
+            )
+            return None
+        return payload
+
+    def put(self, kind: str, key: str, payload: bytes) -> bytes:
+        path = self._path(kind, key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
+            os.replace(tmp, path)
+        except OSError as error:  # a read-only or full disk costs speed, never a result
+            _warn_once(f"dispatch: cannot write the cache under {self.root}: {error}")
+        return payload
+
+    def get_json(self, kind: str, key: str) -> Any:
+        payload = self.get(kind, key)
+        return None if payload is None else json.loads(payload)
+
+    def put_json(self, kind: str, key: str, record: Any) -> None:
+        self.put(kind, key, json.dumps(record, sort_keys=True).encode())
+
+
+@functools.cache
+def versions() -> tuple[tuple[str, str], ...]:
+    """Versions of everything whose change invalidates an entry."""
+    found = [("torch", torch.__version__)]
+    for name in ("onnxruntime", "onnx", "onnxscript", "triton", "dispatch"):
+        try:
+            found.append((name, metadata.version(name)))
+        except metadata.PackageNotFoundError:
+            found.append((name, "-"))
+    return tuple(found)
+
+
+def region_key(gm: torch.fx.GraphModule, *parts: object) -> str:
+    """A key for a region: its code, its inputs' metadata, the versions, and ``parts``."""
+    h = hashlib.sha256()
+    h.update(gm.code.encode())
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get(META_VAL)
+        if isinstance(value, torch.Tensor):
+            h.update(f"{tuple(value.shape)}|{value.stride()}|{value.dtype}|{value.device}".encode())
+        else:
+            h.update(repr(value).encode())
+        h.update(b"static" if node.meta.get(META_STATIC) else b"input")
+    h.update(repr(versions()).encode())
+    for part in parts:
+        h.update(repr(part).encode())
+    return h.hexdigest()
+
+
+def tensors_digest(tensors: Iterable[torch.Tensor]) -> str:
+    """A digest of tensor values (baked weights are part of an ONNX artifact)."""
+    h = hashlib.blake2b(digest_size=20)
+    for t in tensors:
+        t = t.detach()
+        h.update(f"{tuple(t.shape)}|{t.dtype}".encode())
+        h.update(t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().data)
+    return h.hexdigest()
+
+
+def use_inductor_cache(root: Path) -> None:
+    """Point Inductor's own on-disk cache into ours, unless the user chose one."""
+    if not os.environ.get(ENV_INDUCTOR_CACHE):
+        os.environ[ENV_INDUCTOR_CACHE] = str(Path(root) / "inductor")
+
+
+_WARNED: set[str] = set()  # messages already shown in this process
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, CacheWarning, stacklevel=3)
+
+
+_ACTIVE: contextvars.ContextVar[ArtifactCache | None] = contextvars.ContextVar("dispatch_cache", default=None)
+
+
+def current_cache() -> ArtifactCache | None:
+    """The cache of the compilation in progress (None outside one)."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def using(cache: ArtifactCache | None) -> Iterator[None]:
+    """Make ``cache`` the one routes read and write while compiling."""
+    token = _ACTIVE.set(cache)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)

@@ -1,0 +1,111 @@
+"""Measured routing: candidates are compiled, checked against eager and timed on
+real inputs; the fastest correct one wins, the decision is cached."""
+
+import pytest
+import torch
+
+import dispatch
+import dispatch.autotune as autotune
+from dispatch.routes import registry
+from tests.models import MLP
+from tests.test_fallback import INPUTS, DemoRoute, pointwise
+
+TUNED = {"routes": ["demo", "eager"], "autotune": True}
+
+
+@pytest.fixture
+def demo(request):
+    route = DemoRoute(getattr(request, "param", "ok"))
+    registry.replace(route)
+    yield route
+    registry.remove("demo")
+
+
+def _check(compiled):
+    with torch.no_grad():
+        for g, e in zip(compiled(*INPUTS), pointwise(*INPUTS)):
+            torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("demo", ["slow"], indirect=True)
+def test_the_faster_route_wins_and_the_slower_says_by_how_much(demo):
+    with torch.no_grad():
+        explanation = dispatch.explain(pointwise, *INPUTS, options=TUNED)
+    (region,) = explanation.regions
+    assert region.route == "eager"
+    assert set(region.measured) == {"demo", "eager"}
+    assert region.rejected["demo"].startswith("slower by measurement:")
+    assert "Measured (autotune):" in str(explanation)
+    _check(torch.compile(pointwise, backend="auto", options=TUNED))
+
+
+@pytest.mark.parametrize("demo", ["wrong"], indirect=True)
+def test_a_fast_wrong_route_is_never_chosen(demo):
+    with torch.no_grad():
+        explanation = dispatch.explain(pointwise, *INPUTS, options=TUNED)
+    (region,) = explanation.regions
+    assert region.route == "eager"
+    assert "differs from eager" in region.measured["demo"]
+    _check(torch.compile(pointwise, backend="auto", options=TUNED))
+
+
+@pytest.mark.parametrize("demo", ["compile-error"], indirect=True)
+def test_a_candidate_that_fails_to_compile_is_skipped_with_its_reason(demo):
+    with torch.no_grad():
+        explanation = dispatch.explain(pointwise, *INPUTS, options=TUNED)
+    (region,) = explanation.regions
+    assert region.route == "eager"
+    assert "demo compiler exploded" in region.measured["demo"]
+
+
+def test_the_budget_bounds_the_measuring(demo, monkeypatch):
+    monkeypatch.setattr(autotune, "BUDGET_S", 0.0)
+    with torch.no_grad():
+        explanation = dispatch.explain(pointwise, *INPUTS, options=TUNED)
+    (region,) = explanation.regions
+    assert all("budget" in line for line in region.measured.values()), region.measured
+    assert region.route == "demo"  # nothing measured: the planned chain runs
+    _check(torch.compile(pointwise, backend="auto", options=TUNED))
+
+
+@pytest.mark.parametrize("demo", ["slow"], indirect=True)
+def test_a_second_compile_reads_the_decision_and_measures_nothing(demo):
+    with torch.no_grad():
+        dispatch.explain(pointwise, *INPUTS, options=TUNED)
+        compiles = demo.compiles
+        explanation = dispatch.explain(pointwise, *INPUTS, options=TUNED)
+    (region,) = explanation.regions
+    assert region.route == "eager"
+    assert demo.compiles == compiles  # the loser is not even compiled again
+    assert all(line.endswith("(cached)") for line in region.measured.values())
+
+
+def test_measuring_refuses_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = torch.empty(2)
+    assert mode is not None
+    with pytest.raises(RuntimeError, match="real inputs only"):
+        autotune.measure(["eager"], lambda route: None, lambda: None, [fake])
+
+
+@torch.no_grad()
+def test_cpu_inference_candidates_include_inductor():
+    model = MLP(width=32, depth=3).eval()
+    x = torch.randn(16, 32)
+    explanation = dispatch.explain(model, x, options={"autotune": True})
+    (region,) = explanation.regions
+    assert set(region.measured) == {"onnxrt", "inductor", "eager"}
+    assert region.route == min(
+        (r for r in region.measured if "µs" in region.measured[r] or "ms" in region.measured[r]),
+        key=lambda r: _seconds(region.measured[r]),
+    )
+    torch.testing.assert_close(
+        torch.compile(model, backend="auto", options={"autotune": True})(x), model(x), rtol=1e-4, atol=1e-4
+    )
+
+
+def _seconds(line: str) -> float:
+    value, unit = line.split()[:2]
+    return float(value) * (1e-6 if unit == "µs" else 1e-3)

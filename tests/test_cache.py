@@ -1,0 +1,144 @@
+"""The persistent cache: a second process exports nothing, entries are atomic,
+corrupted ones are detected and rewritten, and weights are part of the key."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import dispatch.cache as cache_module
+import dispatch.routes.onnxrt as onnxrt_route
+from dispatch.cache import ArtifactCache, CacheWarning, region_key
+
+pytest.importorskip("onnxruntime")
+
+# Prints how many ONNX exports this process made and checks the result.
+SCRIPT = textwrap.dedent(
+    """
+    import torch, dispatch
+    import dispatch.routes.onnxrt as onnxrt_route
+    count = [0]
+    export = onnxrt_route.export_region
+    def counting(*a, **k):
+        count[0] += 1
+        return export(*a, **k)
+    onnxrt_route.export_region = counting
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(m, backend="auto")(x), m(x))
+    print("EXPORTS", count[0])
+    """
+)
+
+
+def _run(cache_dir, background=False):
+    env = {**os.environ, "DISPATCH_CACHE_DIR": str(cache_dir)}
+    args = [sys.executable, "-c", SCRIPT]
+    if background:
+        return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def _exports(stdout: str) -> int:
+    return int(next(line for line in stdout.splitlines() if line.startswith("EXPORTS")).split()[1])
+
+
+def test_a_second_process_exports_nothing(tmp_path):
+    assert _exports(_run(tmp_path).stdout) == 1
+    second = _run(tmp_path)
+    assert _exports(second.stdout) == 0
+    assert "Warning" not in second.stderr
+
+
+def test_two_processes_compiling_at_once_corrupt_nothing(tmp_path):
+    procs = [_run(tmp_path, background=True) for _ in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    cache = ArtifactCache(tmp_path)
+    entries = [p for p in (tmp_path / "onnx").rglob("*") if p.is_file()]
+    assert entries and all(cache.get("onnx", p.name) is not None for p in entries)
+    assert not list(tmp_path.rglob(".tmp-*"))  # every write was renamed into place
+    assert _exports(_run(tmp_path).stdout) == 0
+
+
+def _compile_mlp(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    torch._dynamo.reset()
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        return torch.compile(m, backend="auto")(x), m(x)
+
+
+@pytest.fixture
+def exports(monkeypatch):
+    count = [0]
+    export = onnxrt_route.export_region
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        return export(*args, **kwargs)
+
+    monkeypatch.setattr(onnxrt_route, "export_region", counting)
+    return count
+
+
+def test_a_corrupted_entry_is_reported_once_ignored_and_rewritten(exports, monkeypatch):
+    monkeypatch.setattr(cache_module, "_WARNED", set())
+    _compile_mlp()
+    root = cache_module.Path(os.environ["DISPATCH_CACHE_DIR"])
+    (entry,) = [p for p in (root / "onnx").rglob("*") if p.is_file()]
+    entry.write_bytes(entry.read_bytes()[:100])  # truncated, as by a crash mid-copy
+    with pytest.warns(CacheWarning, match="truncated or corrupted") as record:
+        got, expected = _compile_mlp()
+    torch.testing.assert_close(got, expected)
+    assert len([w for w in record if issubclass(w.category, CacheWarning)]) == 1
+    assert exports[0] == 2  # exported again
+    assert ArtifactCache(root).get("onnx", entry.name) is not None  # and rewritten whole
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        _compile_mlp()
+    assert exports[0] == 2
+
+
+def test_other_weights_are_another_entry(exports):
+    got, expected = _compile_mlp(seed=0)
+    torch.testing.assert_close(got, expected)
+    got, expected = _compile_mlp(seed=1)  # same graph, other weights: never the cached model
+    torch.testing.assert_close(got, expected)
+    assert exports[0] == 2
+    _compile_mlp(seed=0)
+    assert exports[0] == 2
+
+
+def test_key_changes_with_versions_and_shapes(monkeypatch):
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    for node in gm.graph.find_nodes(op="placeholder"):
+        node.meta["val"] = torch.empty(3, 2)
+    key = region_key(gm)
+    assert region_key(gm) == key
+    for node in gm.graph.find_nodes(op="placeholder"):
+        node.meta["val"] = torch.empty(4, 2)
+    other_shape = region_key(gm)
+    assert other_shape != key
+    monkeypatch.setattr(cache_module, "versions", lambda: (("torch", "0.0"),))
+    assert region_key(gm) not in (key, other_shape)
+
+
+def test_an_unwritable_cache_costs_speed_not_results(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache_module, "_WARNED", set())
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("DISPATCH_CACHE_DIR", str(blocker / "cache"))
+    with pytest.warns(CacheWarning, match="cannot write"):
+        got, expected = _compile_mlp()
+    torch.testing.assert_close(got, expected)
