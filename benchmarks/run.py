@@ -111,6 +111,7 @@ def run(models: list[str], seconds: float) -> dict:
                 "max_error": ready.get("max_error"),
                 "peak_rss_mb": rss.get(col),
                 "error": ready.get("error"),
+                "routes": ready.get("routes") or [],
             }
         flops = model_flops(name)
         if flops and peak:
@@ -188,7 +189,7 @@ def markdown(result: dict) -> str:
         "",
         "Per-call time (median of batches taken in turn, each column in its own process) \\| "
         "cold compile (first call, fresh caches) \\| warm compile (second process, same caches) "
-        "\\| peak RSS. auto: rules; auto_tuned: measured routing.",
+        "\\| peak RSS; for auto, the routes its regions ran on. auto: rules; auto_tuned: measured routing.",
         "",
         "| model | " + " | ".join(COLUMNS) + " |",
         "|---|" + "---|" * len(COLUMNS),
@@ -203,6 +204,8 @@ def markdown(result: dict) -> str:
             parts = [_fmt_time(v["per_call_s"]), f"{v['compile_s']:.2f} s"]
             if v.get("warm_compile_s"):
                 parts.append(f"warm {v['warm_compile_s']:.2f} s")
+            if v.get("routes"):
+                parts.append("+".join(dict.fromkeys(v["routes"])))
             parts.append(f"{v['peak_rss_mb']:.0f} MB" if v["peak_rss_mb"] else "-")
             cells.append(" \\| ".join(parts))
         lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")

@@ -23,6 +23,8 @@ import traceback
 
 import torch
 
+from dispatch.record import recorder
+
 from . import columns
 from .models import build
 
@@ -61,8 +63,9 @@ def main(model_name: str, column: str, cache_dir: str | None = None) -> None:
         expected = model(*inputs)
         start = time.perf_counter()
         try:
-            fn = columns.make(column, model, inputs)
-            out = fn()
+            with recorder.recording() as plans:
+                fn = columns.make(column, model, inputs)
+                out = fn()
         except Exception as error:  # a failing peer is reported, not dropped
             print("BENCH_READY " + json.dumps({"ok": False, "error": _short(error)}), flush=True)
             return
@@ -75,6 +78,8 @@ def main(model_name: str, column: str, cache_dir: str | None = None) -> None:
             "compile_s": compile_s,
             "max_error": _max_error(out, expected),
             "first_call_s": one,
+            # what auto ran, region by region (after the first call: fallbacks and measuring are done)
+            "routes": [r.route for p in plans for r in p.regions],
         }
         print("BENCH_READY " + json.dumps(ready), flush=True)
         for line in sys.stdin:

@@ -3,7 +3,7 @@
 With ``options={"autotune": True}`` (or ``DISPATCH_AUTOTUNE=1``) each region is
 compiled by every route that can run it, each result is checked against eager
 (dtype-aware tolerance), each correct candidate is timed (warm-up, then the
-median of several batches) and the fastest wins. A time budget per region
+median of several batches, the candidates taken in turn) and the fastest wins. A time budget per region
 bounds the measuring; candidates past it are skipped with that reason. The
 decision is stored in the persistent cache, so a second process measures
 nothing.
@@ -24,6 +24,7 @@ BUDGET_S = 30.0  # per region: compiling and timing all candidates
 WARMUP_CALLS = 2
 BATCHES = 5
 BATCH_S = 2e-3  # each timed batch runs at least this long, so timer resolution does not matter
+PAUSE_S = 5e-3
 
 
 @dataclass
@@ -65,8 +66,8 @@ def measure(
             detail = f"{type(error).__name__}: {error}".splitlines()[0][:200]
             tuning.reasons[route] = f"not measured: {detail}"
             continue
-        tuning.seconds[route] = _median_call_s(fn, args)
         compiled[route] = fn
+    tuning.seconds = _median_call_s(compiled, args)
     if tuning.seconds:
         tuning.best = tuning.ranking()[0]
         tuning.compiled = compiled[tuning.best]
@@ -79,20 +80,29 @@ def measure(
     return tuning
 
 
-def _median_call_s(fn: CompiledFn, args: Sequence[Any]) -> float:
-    for _ in range(WARMUP_CALLS):
-        fn(*args)
-    start = time.perf_counter()
-    fn(*args)
-    one = max(time.perf_counter() - start, 1e-7)
-    calls = max(1, min(1000, int(BATCH_S / one)))
-    samples = []
-    for _ in range(BATCHES):
-        start = time.perf_counter()
-        for _ in range(calls):
+def _median_call_s(candidates: dict[str, CompiledFn], args: Sequence[Any]) -> dict[str, float]:
+    """Median seconds per call of each candidate, from batches taken in turn.
+
+    Taking the candidates in turn, round after round, makes drift on a busy
+    machine hit all of them alike; the pause before each batch lets the last
+    candidate's idle worker threads (ORT's, OpenMP's) stop spinning first."""
+    calls = {}
+    for route, fn in candidates.items():
+        for _ in range(WARMUP_CALLS):
             fn(*args)
-        samples.append((time.perf_counter() - start) / calls)
-    return sorted(samples)[len(samples) // 2]
+        start = time.perf_counter()
+        fn(*args)
+        one = max(time.perf_counter() - start, 1e-7)
+        calls[route] = max(1, min(1000, int(BATCH_S / one)))
+    samples: dict[str, list[float]] = {route: [] for route in candidates}
+    for _ in range(BATCHES):
+        for route, fn in candidates.items():
+            time.sleep(PAUSE_S)
+            start = time.perf_counter()
+            for _ in range(calls[route]):
+                fn(*args)
+            samples[route].append((time.perf_counter() - start) / calls[route])
+    return {route: sorted(v)[len(v) // 2] for route, v in samples.items()}
 
 
 def check_close(expected: Sequence[Any], got: Sequence[Any]) -> None:
