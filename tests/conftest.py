@@ -41,6 +41,34 @@ def clean_state(monkeypatch, tmp_path):
     torch._dynamo.reset()
 
 
+@pytest.fixture
+def demo(request):
+    """The tests' ``DemoRoute`` in the registry; ``param`` picks its failure mode."""
+    from dispatch.routes import registry
+    from tests.demo_route import DemoRoute
+
+    route = DemoRoute(getattr(request, "param", "ok"))
+    registry.replace(route)
+    yield route
+    registry.remove("demo")
+
+
+@pytest.fixture
+def onnx_exports(monkeypatch):
+    """A one-item list counting the onnxrt route's ONNX exports from now on."""
+    import dispatch.routes.onnxrt as onnxrt_route
+
+    count = [0]
+    export = onnxrt_route.export_region
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        return export(*args, **kwargs)
+
+    monkeypatch.setattr(onnxrt_route, "export_region", counting)
+    return count
+
+
 def on_fake_device(module: torch.nn.Module, device: str, mode: FakeTensorMode) -> torch.nn.Module:
     """``module`` with fake parameters on ``device`` (``cuda``/``mps`` need no hardware)."""
     module.requires_grad_(False)

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import dispatch.cache as cache_module
-import dispatch.routes.onnxrt as onnxrt_route
 from dispatch.cache import ArtifactCache, CacheWarning, region_key
 
 pytest.importorskip("onnxruntime")
@@ -79,20 +78,7 @@ def _compile_mlp(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.compile(m, backend="auto")(x), m(x)
 
 
-@pytest.fixture
-def exports(monkeypatch):
-    count = [0]
-    export = onnxrt_route.export_region
-
-    def counting(*args, **kwargs):
-        count[0] += 1
-        return export(*args, **kwargs)
-
-    monkeypatch.setattr(onnxrt_route, "export_region", counting)
-    return count
-
-
-def test_a_corrupted_entry_is_reported_once_ignored_and_rewritten(exports, monkeypatch):
+def test_a_corrupted_entry_is_reported_once_ignored_and_rewritten(onnx_exports, monkeypatch):
     monkeypatch.setattr(cache_module, "_WARNED", set())
     _compile_mlp()
     root = cache_module.Path(os.environ["DISPATCH_CACHE_DIR"])
@@ -102,22 +88,22 @@ def test_a_corrupted_entry_is_reported_once_ignored_and_rewritten(exports, monke
         got, expected = _compile_mlp()
     torch.testing.assert_close(got, expected)
     assert len([w for w in record if issubclass(w.category, CacheWarning)]) == 1
-    assert exports[0] == 2  # exported again
+    assert onnx_exports[0] == 2  # exported again
     assert ArtifactCache(root).get("onnx", entry.name) is not None  # and rewritten whole
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheWarning)
         _compile_mlp()
-    assert exports[0] == 2
+    assert onnx_exports[0] == 2
 
 
-def test_other_weights_are_another_entry(exports):
+def test_other_weights_are_another_entry(onnx_exports):
     got, expected = _compile_mlp(seed=0)
     torch.testing.assert_close(got, expected)
     got, expected = _compile_mlp(seed=1)  # same graph, other weights: never the cached model
     torch.testing.assert_close(got, expected)
-    assert exports[0] == 2
+    assert onnx_exports[0] == 2
     _compile_mlp(seed=0)
-    assert exports[0] == 2
+    assert onnx_exports[0] == 2
 
 
 def test_key_changes_with_versions_and_shapes(monkeypatch):

@@ -1,58 +1,15 @@
 """Failing routes: every region falls back alone, warns once, and stays correct."""
 
-import time
 import warnings
 
 import pytest
 import torch
 
 import dispatch
-from dispatch.routes import Route, registry
+from dispatch.routes import registry
 from dispatch.stitch import FallbackWarning
+from tests.demo_route import DemoRoute
 from tests.models import MLP, CustomOpMLP
-
-
-class DemoRoute(Route):
-    """A route of the tests' own: runs pointwise relu/add/mul regions, counting calls."""
-
-    name = "demo"
-    devices = frozenset({"cpu"})
-    trains = False
-
-    def __init__(self, mode="ok"):
-        self.mode = mode
-        self.calls = 0
-        self.compiles = 0
-
-    def supports(self, node, graph):
-        allowed = ("aten.relu.default", "aten.add.Tensor", "aten.mul.Tensor")
-        return None if str(node.target) in allowed else f"demo runs only {allowed}"
-
-    def compile(self, gm, example_inputs):
-        self.compiles += 1
-        if self.mode == "compile-error":
-            raise RuntimeError("demo compiler exploded")
-
-        def run(*args):
-            self.calls += 1
-            if self.mode == "run-error":
-                raise RuntimeError("demo kernel crashed")
-            if self.mode == "slow":
-                time.sleep(1e-3)
-            out = gm(*args)
-            if self.mode == "wrong":
-                return tuple(o + 1 for o in out)
-            return out
-
-        return run
-
-
-@pytest.fixture
-def demo(request):
-    route = DemoRoute(getattr(request, "param", "ok"))
-    registry.replace(route)
-    yield route
-    registry.remove("demo")
 
 
 def pointwise(x, y):
