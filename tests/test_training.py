@@ -2,12 +2,14 @@
 20 optimizer steps follow eager's losses and gradients."""
 
 import copy
+import warnings
 
 import pytest
 import torch
 
 from dispatch.inspect import GRAPH_BACKWARD, GRAPH_FORWARD
 from dispatch.record import recorder
+from dispatch.stitch import FallbackWarning
 
 STEPS = 20
 
@@ -65,3 +67,23 @@ def test_twenty_steps_track_eager(make):
     assert {GRAPH_FORWARD, GRAPH_BACKWARD} <= kinds
     routes = {r.route for p in plans for r in p.regions if p.kind in (GRAPH_FORWARD, GRAPH_BACKWARD)}
     assert "inductor" in routes
+
+
+def test_changing_batch_sizes_train_on_inductor_without_falling_back():
+    """A dynamic-shape training graph: inductor compiles its regions once for
+    all batch sizes (on real inputs alone it would specialise, fail the next
+    size and fall back to eager)."""
+    torch.manual_seed(0)
+    model, _ = mlp()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="auto")
+    with warnings.catch_warnings(), recorder.recording() as plans:
+        warnings.simplefilter("error", FallbackWarning)
+        for batch in (2, 3, 5, 8):
+            x = torch.randn(batch, 16)
+            compiled(x).pow(2).mean().backward()
+            reference(x).pow(2).mean().backward()
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-5, msg=f"batch {batch}: {name}")
+    dynamic = [p for p in plans if p.dynamic]
+    assert dynamic and all(r.route == "inductor" for p in dynamic for r in p.regions)

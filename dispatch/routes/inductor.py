@@ -1,7 +1,8 @@
 """The ``inductor`` route: TorchInductor (C++/OpenMP on CPU, Triton on CUDA).
 
 The region is compiled with ``torch._inductor.compile`` on the real inputs of its
-first call. Inductor never runs on ``mps``: forcing it there is an
+first call; a region of a dynamic-shape graph is compiled once for all sizes of
+its symbolic dimensions. Inductor never runs on ``mps``: forcing it there is an
 ``UnsupportedDeviceError``.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..inspect import META_VAL, is_symbolic
 from .base import Availability, CompiledFn, Route
 from .registry import registry
 
@@ -32,4 +34,38 @@ class InductorRoute(Route):
     def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
         from torch._inductor import compile as inductor_compile
 
+        placeholders = gm.graph.find_nodes(op="placeholder")
+        if any(is_symbolic(p) for p in placeholders):
+            return inductor_compile(gm, _symbolic_inputs(placeholders, example_inputs))
         return inductor_compile(gm, list(example_inputs))
+
+
+def _symbolic_inputs(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> list[Any]:
+    """Fake inputs whose dimensions are symbolic where the region's are.
+
+    On real inputs Inductor specialises every size: the next batch size would
+    fail its size check and the region would fall back to eager. Dynamo's own
+    shape environment is gone by the region's first call, so a fresh one
+    carries the symbolic dimensions (and ``SymInt`` inputs) instead."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+    fakes: list[Any] = []
+    for i, (node, arg) in enumerate(zip(placeholders, args, strict=True)):
+        value = node.meta.get(META_VAL)
+        source = ConstantSource(f"region_input_{i}")
+        if isinstance(arg, torch.Tensor):
+            sizes = value.shape if isinstance(value, torch.Tensor) else arg.shape
+            dynamic = [
+                DimDynamic.DYNAMIC if isinstance(s, torch.SymInt) else DimDynamic.STATIC for s in sizes
+            ]
+            context = StatelessSymbolicContext(dynamic_sizes=dynamic)
+            fakes.append(mode.from_tensor(arg, source=source, symbolic_context=context))
+        elif isinstance(value, torch.SymInt) and isinstance(arg, int):
+            fakes.append(shape_env.create_symintnode(shape_env.create_symbol(arg, source), hint=arg))
+        else:
+            fakes.append(arg)
+    return fakes
