@@ -1,8 +1,8 @@
 """The ``onnxrt`` route: ONNX export of the region, run by an ONNX Runtime session.
 
 The region's aten graph goes through ``torch.onnx.export`` (the dynamo
-exporter; symbolic dimensions become dynamic axes, one export for all shapes); the model bytes are loaded into an ``InferenceSession`` on
-``CPUExecutionProvider``, or ``CUDAExecutionProvider`` where onnxruntime-gpu is
+exporter; symbolic dimensions become dynamic axes, one export for all shapes);
+the model bytes are loaded into an ``InferenceSession`` on ``CPUExecutionProvider``, or ``CUDAExecutionProvider`` where onnxruntime-gpu is
 installed and the region is on CUDA. On every device IO binding points ORT at
 torch's input buffers and at output tensors that torch allocates, so no tensor
 is copied or converted through numpy.
@@ -206,8 +206,6 @@ class _BoundRunner:
         if not hasattr(local, "binding"):
             local.binding = self.session.io_binding()
             local.bound = [None] * len(self.feeds)
-            for name in self.outputs:
-                local.binding.bind_output(name, self.device_type, self.index)
         return local.binding, local.bound
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
@@ -224,15 +222,14 @@ class _BoundRunner:
                     name, self.device_type, self.index, _np_dtype(t.dtype), list(t.shape), t.data_ptr()
                 )
                 bound[k] = key
-        self.session._sess.run_with_iobinding(binding._iobinding, self.run_options)
-        outputs = tuple(torch.from_dlpack(v) for v in binding.get_outputs())
-        # Bound outputs would be written again by the next run, under the caller's
-        # feet: a fresh binding makes ORT take new buffers from its arena (the
-        # caller's tensors keep theirs alive), also of a new shape for dynamic axes.
+        # Outputs kept bound from the last run would be written again, under the
+        # caller's feet: a fresh binding makes ORT take new buffers from its arena
+        # (the caller's tensors keep theirs alive), also of a new shape for dynamic axes.
         binding.clear_binding_outputs()
         for name in self.outputs:
             binding.bind_output(name, self.device_type, self.index)
-        return outputs
+        self.session._sess.run_with_iobinding(binding._iobinding, self.run_options)
+        return tuple(torch.from_dlpack(v) for v in binding.get_outputs())
 
 
 @functools.cache
