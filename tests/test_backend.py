@@ -65,6 +65,22 @@ def test_custom_op_runs_eager_between_onnxrt_regions():
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+@torch.no_grad()
+def test_bool_outputs_of_onnxrt_regions_stay_bool():
+    # ORT hands bool tensors over DLPack as uint8; a uint8 mask would break the
+    # eager region's where() and reach the caller with the wrong dtype.
+    def masked(x):
+        mask = x > 0
+        return mask, torch.where(mask, torch.ops.dispatch_tests.scaled_tanh(x, 0.5), x * 2)
+
+    x = torch.randn(8, 16)
+    assert "onnxrt" in [r.route for r in dispatch.explain(masked, x).regions]
+    mask, out = torch.compile(masked, backend="auto")(x)
+    assert mask.dtype == torch.bool
+    assert torch.equal(mask, x > 0)
+    torch.testing.assert_close(out, masked(x)[1])
+
+
 def test_graph_breaks_match_dynamo_explain():
     def fn(x):
         y = torch.relu(x) * 2

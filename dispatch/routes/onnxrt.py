@@ -182,11 +182,16 @@ class _BoundRunner:
 
     ORT reads the input tensors' memory where it lies (inputs are re-bound only
     when their address or shape changes, so weights never are) and allocates
-    each call's outputs from its own arena; ``torch.from_dlpack`` wraps those
-    buffers without a copy. Torch-allocated outputs were tried first: a fresh
-    12 MB output then page-faults on every call (0.6 ms of Conv-BN-ReLU's 3 ms),
+    each call's outputs from its own arena; DLPack hands those buffers to torch
+    without a copy. Torch-allocated outputs were tried first: a fresh 12 MB
+    output then page-faults on every call (0.6 ms of Conv-BN-ReLU's 3 ms),
     while ORT's arena reuses warm memory. Each thread keeps its own binding,
-    since an ORT binding is not thread-safe."""
+    since an ORT binding is not thread-safe.
+
+    The pybind objects are called directly, not through onnxruntime's Python
+    wrappers: those build a device object per bind and a wrapper per output,
+    and cost 10 to 30 µs a call on a tiny region (measured, benchmarks/README.md).
+    """
 
     def __init__(
         self, session: Any, names: list[str], inputs: list[int], outputs: list[str], device: torch.device
@@ -194,19 +199,25 @@ class _BoundRunner:
         import onnxruntime as ort
 
         self.session = session
+        self._run = session._sess.run_with_iobinding
         self.feeds = list(zip(names, inputs))
         self.outputs = outputs
-        self.device_type = device.type
-        self.index = device.index or 0
+        # The device exactly as onnxruntime's own wrapper builds it: another
+        # spelling of the same device made ORT allocate outside its arena (3x slower).
+        self.device = ort.OrtDevice.make(device.type, device.index or 0)._get_c_device()
         self.run_options = ort.RunOptions()
         self.local = threading.local()
 
     def _binding(self) -> tuple[Any, list[Any]]:
         local = self.local
-        if not hasattr(local, "binding"):
-            local.binding = self.session.io_binding()
+        try:
+            return local.binding, local.bound
+        except AttributeError:
+            from onnxruntime.capi import _pybind_state
+
+            local.binding = _pybind_state.SessionIOBinding(self.session._sess)
             local.bound = [None] * len(self.feeds)
-        return local.binding, local.bound
+            return local.binding, local.bound
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
         binding, bound = self._binding()
@@ -218,18 +229,20 @@ class _BoundRunner:
                 alive.append(t)
             key = (t.data_ptr(), t.shape, t.dtype)
             if bound[k] != key:
-                binding.bind_input(
-                    name, self.device_type, self.index, _np_dtype(t.dtype), list(t.shape), t.data_ptr()
-                )
+                binding.bind_input(name, self.device, _np_dtype(t.dtype), list(t.shape), t.data_ptr())
                 bound[k] = key
         # Outputs kept bound from the last run would be written again, under the
         # caller's feet: a fresh binding makes ORT take new buffers from its arena
         # (the caller's tensors keep theirs alive), also of a new shape for dynamic axes.
         binding.clear_binding_outputs()
         for name in self.outputs:
-            binding.bind_output(name, self.device_type, self.index)
-        self.session._sess.run_with_iobinding(binding._iobinding, self.run_options)
-        return tuple(torch.from_dlpack(v) for v in binding.get_outputs())
+            binding.bind_output(name, self.device)
+        self._run(binding, self.run_options)
+        values = binding.get_outputs()
+        tensors = values.to_dlpacks(torch._C._from_dlpack)
+        for k in values.bool_tensor_indices():
+            tensors[k] = tensors[k].view(torch.bool)  # DLPack carries ORT's bool as uint8
+        return tuple(tensors)
 
 
 @functools.cache
