@@ -4,7 +4,7 @@ warm (second process, same caches) compile times, peak RSS per column, and the
 1024-wide MLP's share of this machine's peak GEMM throughput. Writes benchmarks/results/<stamp>.json, .md and .png (and
 latest.*). Compare ratios within one run, never absolute times across runs.
 
-    python -m benchmarks.run [--models tiny_mlp,mlp_1024] [--seconds 6]
+    python -m benchmarks.run [--models tiny_mlp,mlp_1024] [--seconds 20]
 """
 
 from __future__ import annotations
@@ -66,11 +66,15 @@ class _Worker:
         return None
 
 
+SPIN_DOWN_S = 0.25
+
+
 def _time_side_by_side(workers: dict[str, _Worker], seconds: float) -> dict[str, float]:
     """Median per-call time of each column, from batches taken in turn.
 
     Every batch lasts about 0.1 s; a pause before each lets the previous
-    column's idle threads stop spinning, so no column pays for another."""
+    column's idle threads stop spinning, so no column pays for another: an ORT
+    session's workers were measured spinning for up to 60 ms after its last run."""
     live = {c: w for c, w in workers.items() if w.ready.get("ok")}
     calls = {c: max(1, min(5000, int(0.1 / max(w.ready["first_call_s"], 1e-6)))) for c, w in live.items()}
     samples: dict[str, list[float]] = {c: [] for c in live}
@@ -78,7 +82,7 @@ def _time_side_by_side(workers: dict[str, _Worker], seconds: float) -> dict[str,
     rounds = 0
     while live and (rounds < 5 or (time.perf_counter() < deadline and rounds < 60)):
         for column, worker in live.items():
-            time.sleep(0.05)
+            time.sleep(SPIN_DOWN_S)
             samples[column].append(worker.time(calls[column]))
         rounds += 1
     return {c: sorted(v)[len(v) // 2] for c, v in samples.items()}
@@ -292,7 +296,7 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--seconds", type=float, default=6.0, help="timing budget per model")
+    parser.add_argument("--seconds", type=float, default=20.0, help="timing budget per model")
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
     unknown = set(models) - set(MODELS)

@@ -67,7 +67,7 @@ def measure(
             tuning.reasons[route] = f"not measured: {detail}"
             continue
         compiled[route] = fn
-    tuning.seconds = _median_call_s(compiled, args)
+    tuning.seconds = median_call_s(compiled, args)
     if tuning.seconds:
         tuning.best = tuning.ranking()[0]
         tuning.compiled = compiled[tuning.best]
@@ -80,7 +80,7 @@ def measure(
     return tuning
 
 
-def _median_call_s(candidates: dict[str, CompiledFn], args: Sequence[Any]) -> dict[str, float]:
+def median_call_s(candidates: dict[str, CompiledFn], args: Sequence[Any]) -> dict[str, float]:
     """Median seconds per call of each candidate, from batches taken in turn.
 
     Taking the candidates in turn, round after round, makes drift on a busy

@@ -26,6 +26,7 @@ from .cache import ArtifactCache, use_inductor_cache, using
 from .config import Config
 from .decompositions import onnx_friendly
 from .errors import ConfigError, DispatchError
+from .graph_tuning import WholeGraphCheck
 from .inspect import (
     GRAPH_BACKWARD,
     GRAPH_FORWARD,
@@ -177,6 +178,8 @@ class _GraphCompiler:
         )
         log.debug("graph %d (%s) regions:\n%s", self.graph_index, kind, region_table(graph_plan.regions))
         stitched = stitch(split, graph_plan, self.config)
+        if kind == GRAPH_INFERENCE and self.config.autotune:
+            stitched.forward = WholeGraphCheck(stitched, self.config)
         if kind == GRAPH_INFERENCE and _wrapper_is_identity():
             self.direct = stitched
         return make_boxed_func(stitched)

@@ -95,3 +95,60 @@ def test_cpu_inference_candidates_include_inductor():
 def _seconds(line: str) -> float:
     value, unit = line.split()[:2]
     return float(value) * (1e-6 if unit == "µs" else 1e-3)
+
+
+def split_by_tanh(x, y):
+    """Two demo regions with an op between them that only eager runs."""
+    return torch.relu(torch.tanh(torch.relu(x) + y)) * 2
+
+
+def _fake_timing(monkeypatch, fast: set[str]) -> list[set[str]]:
+    """Time every candidate named in ``fast`` at 1 ms and the others at 2 ms;
+    returns the candidate sets that were timed."""
+    timed: list[set[str]] = []
+
+    def median_call_s(candidates, args):
+        timed.append(set(candidates))
+        for fn in candidates.values():
+            fn(*args)
+        return {name: 1e-3 if name in fast else 2e-3 for name in candidates}
+
+    monkeypatch.setattr(autotune, "median_call_s", median_call_s)
+    return timed
+
+
+def _whole_graph_timings(timed: list[set[str]]) -> int:
+    return sum(1 for names in timed if "all eager" in names)
+
+
+@torch.no_grad()
+def test_regions_faster_alone_but_slower_together_move_to_eager(demo, monkeypatch):
+    timed = _fake_timing(monkeypatch, fast={"demo", "all eager"})
+    options = {**TUNED, "min_region_size": 1}
+    explanation = dispatch.explain(split_by_tanh, *INPUTS, options=options)
+    assert _whole_graph_timings(timed) == 1
+    assert [r.route for r in explanation.regions] == ["eager"] * 3
+    moved = [r for r in explanation.regions if r.rejected["demo"].startswith("slower as a whole graph")]
+    assert len(moved) == 2
+    for region in explanation.regions:
+        assert region.measured["whole graph"] == "as routed 2.00 ms, all eager 1.00 ms"
+
+    compiled = torch.compile(split_by_tanh, backend="auto", options=options)
+    torch.testing.assert_close(compiled(*INPUTS), split_by_tanh(*INPUTS))  # measures again: a cached decision
+    calls = demo.calls
+    torch.testing.assert_close(compiled(*INPUTS), split_by_tanh(*INPUTS))
+    assert demo.calls == calls, "a region moved to eager still ran on demo"
+    assert _whole_graph_timings(timed) == 1, "the cached whole-graph decision was measured again"
+
+
+@torch.no_grad()
+def test_regions_faster_together_keep_their_routes(demo, monkeypatch):
+    timed = _fake_timing(monkeypatch, fast={"demo", "as routed"})
+    options = {**TUNED, "min_region_size": 1}
+    explanation = dispatch.explain(split_by_tanh, *INPUTS, options=options)
+    assert _whole_graph_timings(timed) == 1
+    assert sorted(r.route for r in explanation.regions) == ["demo", "demo", "eager"]
+    assert all(
+        r.measured["whole graph"] == "as routed 1.00 ms, all eager 2.00 ms" for r in explanation.regions
+    )
+    assert "whole graph as routed 1.00 ms" in str(explanation)

@@ -1,0 +1,85 @@
+"""Measured routing, whole graph: the routes the regions chose, timed together.
+
+Each region measures its candidates alone, in a loop of its own. In the graph
+the regions run between each other's thread pools (an ORT session's workers,
+torch's OpenMP team, each waking and spinning on the same cores), and that
+cost is invisible to a region timed alone: on the custom-op benchmark model the
+regions' winners together ran 1.33x slower than eager. So after the regions
+have decided, the whole graph is timed as routed and all on eager, and the
+faster wins. The decision is cached like the regions' own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch.fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.utils._python_dispatch import _disable_current_modes
+
+from . import autotune
+from .cache import ArtifactCache, region_key
+from .config import Config
+from .stitch import COMPILE_LOCK, RegionRunner
+
+AS_ROUTED = "as routed"
+ALL_EAGER = "all eager"
+WHOLE_GRAPH = "whole graph"  # the key of this measurement in each region's ``measured``
+
+
+class WholeGraphCheck:
+    """The forward of a stitched inference graph under autotune.
+
+    Its first call runs the graph (each region measures and compiles), then
+    compares the whole graph as routed with the whole graph on eager, and moves
+    every region to eager where that is faster."""
+
+    def __init__(self, gm: torch.fx.GraphModule, config: Config) -> None:
+        if isinstance(gm, _LazyGraphModule) and gm._needs_recompile():
+            # A lazy module's forward recompiles, then calls ``gm.forward``: this object.
+            gm.real_recompile()
+        self.forward = type(gm).forward.__get__(gm)
+        self.runners = [v for v in vars(gm).values() if isinstance(v, RegionRunner)]
+        self.cache = ArtifactCache(config.cache_dir)
+        self.gm = gm
+        self.pending = config.allows("eager") and len(self.runners) > 1
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        if not self.pending:
+            return self.forward(*args)
+        with self._lock:
+            out = self.forward(*args)  # the regions measure and compile
+            if self.pending:
+                self._decide(args)
+                self.pending = False
+            return out
+
+    def _decide(self, args: Sequence[Any]) -> None:
+        routed = [r for r in self.runners if r.chain[0] != "eager"]
+        if not routed:
+            return
+        key = region_key(self.gm, *(region_key(r.gm, tuple(r.chain)) for r in self.runners))
+        decision = self.cache.get_json("whole-graph", key)
+        if decision is None:
+            with _disable_current_modes(), COMPILE_LOCK:
+                seconds = autotune.median_call_s({AS_ROUTED: self.forward, ALL_EAGER: self._all_eager}, args)
+            decision = {name: autotune.format_seconds(s) for name, s in seconds.items()}
+            decision["eager wins"] = seconds[ALL_EAGER] < seconds[AS_ROUTED]
+            self.cache.put_json("whole-graph", key, decision)
+        line = f"{AS_ROUTED} {decision[AS_ROUTED]}, {ALL_EAGER} {decision[ALL_EAGER]}"
+        for runner in self.runners:
+            runner.region.measured[WHOLE_GRAPH] = line
+        if decision["eager wins"]:
+            for runner in routed:
+                runner.run_eager(f"slower as a whole graph by measurement: {line}")
+
+    def _all_eager(self, *args: Any) -> Any:
+        chosen = [r.swap(r.gm.forward) for r in self.runners]
+        try:
+            return self.forward(*args)
+        finally:
+            for r, fn in zip(self.runners, chosen):
+                r.swap(fn)
