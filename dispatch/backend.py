@@ -178,7 +178,7 @@ class _GraphCompiler:
         )
         log.debug("graph %d (%s) regions:\n%s", self.graph_index, kind, region_table(graph_plan.regions))
         stitched = stitch(split, graph_plan, self.config)
-        if kind == GRAPH_INFERENCE and self.config.autotune:
+        if kind == GRAPH_INFERENCE and self.config.autotune and len(graph_plan.regions) > 1:
             stitched.forward = WholeGraphCheck(stitched, self.config)
         if kind == GRAPH_INFERENCE and _wrapper_is_identity():
             self.direct = stitched
