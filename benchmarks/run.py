@@ -151,8 +151,9 @@ def _timed(fn) -> float:
 
 
 def model_flops(name: str) -> float | None:
-    """Multiply-add FLOPs of one call, for the models made of Linear layers only."""
-    if name != "mlp_1024":
+    """Multiply-add FLOPs of the Linear layers in one call, for the models whose
+    time they dominate."""
+    if name not in ("mlp_1024", "custom_op_mlp"):
         return None
     from .models import build
 
@@ -242,6 +243,9 @@ def markdown(result: dict) -> str:
                 "",
                 f"{row['model']}: share of this machine's peak GEMM ({peak:.0f} GFLOP/s): {fractions}",
             ]
+            floor = _gemm_floor_speedup(row, peak)
+            if floor:
+                lines.append(floor)
     cuda = result.get("cuda", {})
     if "skipped" in cuda:
         lines += ["", f"CUDA benchmarks skipped: {cuda['skipped']}."]
@@ -250,6 +254,23 @@ def markdown(result: dict) -> str:
         lines += [f"- {name}: " + json.dumps(v) for name, v in cuda["kernels"].items()]
         lines += ["- 20-op launch-bound graph: " + json.dumps(cuda["launch_bound_20_ops"])]
     return "\n".join(lines) + "\n"
+
+
+def _gemm_floor_speedup(row: dict, peak_gflops: float | None) -> str | None:
+    """The most any route could gain over the faster of eager and inductor: the
+    model's GEMMs alone at this machine's peak, every other op free."""
+    cols = row["columns"]
+    fraction = row["gemm_peak_fraction"].get("eager")
+    baseline = [
+        cols[c]["per_call_s"] for c in ("eager", "inductor") if cols[c]["ok"] and cols[c]["per_call_s"]
+    ]
+    if row["model"] != "custom_op_mlp" or not fraction or not baseline or not peak_gflops:
+        return None
+    floor_s = fraction * cols["eager"]["per_call_s"]  # the GEMM FLOPs at 100% of peak
+    return (
+        f"{row['model']}: its GEMMs alone take {floor_s * 1e3:.2f} ms at 100% of peak, so no route can be "
+        f"more than {min(baseline) / floor_s:.2f}x faster than the faster of eager and inductor here"
+    )
 
 
 def _x(ratio: float | None) -> str:

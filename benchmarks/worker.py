@@ -31,8 +31,9 @@ from .models import build
 
 def _warm_up_process() -> None:
     # One-off costs of any torch.compile in a fresh process (importing Dynamo,
-    # its first trace) are not the backend's compile time.
-    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))
+    # its first trace, the modules it imports on its first nn.Module call) are
+    # not the backend's compile time.
+    torch.compile(torch.nn.Sequential(torch.nn.Linear(2, 2)), backend="eager")(torch.ones(1, 2))
     torch._dynamo.reset()
 
 

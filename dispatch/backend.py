@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
+from .aot import aot_compile
 from .cache import ArtifactCache, use_inductor_cache, using
 from .config import Config
 from .decompositions import onnx_friendly
@@ -127,16 +127,14 @@ class _GraphCompiler:
         self.decompositions: dict[Any, Callable[..., Any]] | None = None
 
     def aot(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        # torch's own AOTAutograd backend helper, not aot_module_simplified alone:
-        # it flattens list inputs, keeps Dynamo out of the backward compiler and
-        # counts AOT compiles, which Dynamo's DDP optimizer relies on to hand each
-        # bucket's metadata to the runtime.
-        wrapped = aot_autograd(
+        wrapped = aot_compile(
+            gm,
+            list(example_inputs),
             fw_compiler=functools.partial(self.compile, kind=GRAPH_FORWARD),
             bw_compiler=functools.partial(self.compile, kind=GRAPH_BACKWARD),
             inference_compiler=functools.partial(self.compile, kind=GRAPH_INFERENCE),
             decompositions=self.decompositions,
-        )(gm, list(example_inputs))
+        )
         direct = self.direct
         if (
             direct is not None
