@@ -171,10 +171,11 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
     if len(feed_names) != len(positions):
         raise RuntimeError(f"onnxrt: exported model has {len(feed_names)} inputs, expected {len(positions)}")
     outputs = [o.name for o in session.get_outputs()]
-    expected = len(_output_values(gm))
-    if len(outputs) != expected:
-        raise RuntimeError(f"onnxrt: exported model has {len(outputs)} outputs, the region has {expected}")
-    return _BoundRunner(session, feed_names, positions, outputs, device)
+    values = _output_values(gm)
+    if len(outputs) != len(values):
+        raise RuntimeError(f"onnxrt: exported model has {len(outputs)} outputs, the region has {len(values)}")
+    bools = [k for k, v in enumerate(values) if getattr(v, "dtype", None) == torch.bool]
+    return _BoundRunner(session, feed_names, positions, outputs, device, bools)
 
 
 class _BoundRunner:
@@ -194,11 +195,18 @@ class _BoundRunner:
     """
 
     def __init__(
-        self, session: Any, names: list[str], inputs: list[int], outputs: list[str], device: torch.device
+        self,
+        session: Any,
+        names: list[str],
+        inputs: list[int],
+        outputs: list[str],
+        device: torch.device,
+        bools: list[int],
     ) -> None:
         import onnxruntime as ort
 
         self.session = session
+        self.bools = bools
         self._run = session._sess.run_with_iobinding
         self.feeds = list(zip(names, inputs))
         self.outputs = outputs
@@ -238,10 +246,10 @@ class _BoundRunner:
         for name in self.outputs:
             binding.bind_output(name, self.device)
         self._run(binding, self.run_options)
-        values = binding.get_outputs()
-        tensors = values.to_dlpacks(torch._C._from_dlpack)
-        for k in values.bool_tensor_indices():
-            tensors[k] = tensors[k].view(torch.bool)  # DLPack carries ORT's bool as uint8
+        tensors = binding.get_outputs().to_dlpacks(torch._C._from_dlpack)
+        for k in self.bools:
+            if tensors[k].dtype != torch.bool:
+                tensors[k] = tensors[k].view(torch.bool)  # DLPack may carry ORT's bool as uint8
         return tuple(tensors)
 
 
