@@ -121,20 +121,29 @@ def _whole_graph_timings(timed: list[set[str]]) -> int:
     return sum(1 for names in timed if "all eager" in names)
 
 
+SPLIT_OPTIONS = {**TUNED, "min_region_size": 1}
+
+
+def _explain_split(monkeypatch, fast: set[str]):
+    """``split_by_tanh`` explained under a fake timer; asserts one whole-graph timing."""
+    timed = _fake_timing(monkeypatch, fast)
+    explanation = dispatch.explain(split_by_tanh, *INPUTS, options=SPLIT_OPTIONS)
+    assert _whole_graph_timings(timed) == 1
+    return timed, explanation
+
+
 @torch.no_grad()
 def test_regions_faster_alone_but_slower_together_move_to_eager(demo, monkeypatch):
-    timed = _fake_timing(monkeypatch, fast={"demo", "all eager"})
-    options = {**TUNED, "min_region_size": 1}
-    explanation = dispatch.explain(split_by_tanh, *INPUTS, options=options)
-    assert _whole_graph_timings(timed) == 1
+    timed, explanation = _explain_split(monkeypatch, fast={"demo", "all eager"})
     assert [r.route for r in explanation.regions] == ["eager"] * 3
     moved = [r for r in explanation.regions if r.rejected["demo"].startswith("slower as a whole graph")]
     assert len(moved) == 2
     for region in explanation.regions:
         assert region.measured["whole graph"] == "as routed 2.00 ms, all eager 1.00 ms"
 
-    compiled = torch.compile(split_by_tanh, backend="auto", options=options)
-    torch.testing.assert_close(compiled(*INPUTS), split_by_tanh(*INPUTS))  # measures again: a cached decision
+    compiled = torch.compile(split_by_tanh, backend="auto", options=SPLIT_OPTIONS)
+    # a new compile: it reads the cached decision
+    torch.testing.assert_close(compiled(*INPUTS), split_by_tanh(*INPUTS))
     calls = demo.calls
     torch.testing.assert_close(compiled(*INPUTS), split_by_tanh(*INPUTS))
     assert demo.calls == calls, "a region moved to eager still ran on demo"
@@ -143,10 +152,7 @@ def test_regions_faster_alone_but_slower_together_move_to_eager(demo, monkeypatc
 
 @torch.no_grad()
 def test_regions_faster_together_keep_their_routes(demo, monkeypatch):
-    timed = _fake_timing(monkeypatch, fast={"demo", "as routed"})
-    options = {**TUNED, "min_region_size": 1}
-    explanation = dispatch.explain(split_by_tanh, *INPUTS, options=options)
-    assert _whole_graph_timings(timed) == 1
+    _, explanation = _explain_split(monkeypatch, fast={"demo", "as routed"})
     assert sorted(r.route for r in explanation.regions) == ["demo", "demo", "eager"]
     assert all(
         r.measured["whole graph"] == "as routed 1.00 ms, all eager 2.00 ms" for r in explanation.regions
