@@ -243,7 +243,7 @@ def markdown(result: dict) -> str:
                 "",
                 f"{row['model']}: share of this machine's peak GEMM ({peak:.0f} GFLOP/s): {fractions}",
             ]
-            floor = _gemm_floor_speedup(row, peak)
+            floor = _gemm_floor_speedup(row)
             if floor:
                 lines.append(floor)
     cuda = result.get("cuda", {})
@@ -256,7 +256,7 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _gemm_floor_speedup(row: dict, peak_gflops: float | None) -> str | None:
+def _gemm_floor_speedup(row: dict) -> str | None:
     """The most any route could gain over the faster of eager and inductor: the
     model's GEMMs alone at this machine's peak, every other op free."""
     cols = row["columns"]
@@ -264,7 +264,7 @@ def _gemm_floor_speedup(row: dict, peak_gflops: float | None) -> str | None:
     baseline = [
         cols[c]["per_call_s"] for c in ("eager", "inductor") if cols[c]["ok"] and cols[c]["per_call_s"]
     ]
-    if row["model"] != "custom_op_mlp" or not fraction or not baseline or not peak_gflops:
+    if row["model"] != "custom_op_mlp" or not fraction or not baseline:
         return None
     floor_s = fraction * cols["eager"]["per_call_s"]  # the GEMM FLOPs at 100% of peak
     return (

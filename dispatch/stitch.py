@@ -149,10 +149,7 @@ class RegionRunner:
     def run_eager(self, reason: str) -> None:
         """Move this region to eager for good; ``reason`` says why its route lost."""
         with self._lock:
-            self.region.rejected[self.chain[0]] = reason
-            self.chain = ["eager"]
-            self.region.route = "eager"
-            self.region.fallbacks = ()
+            self._reorder(["eager"], {self.chain[0]: reason})
             self.region.inner_route = None
             self._fn = self.gm.forward
 
