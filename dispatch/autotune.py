@@ -28,6 +28,12 @@ BATCH_S = 10e-3  # each timed batch runs at least this long, so timer resolution
 # run (measured), and with a shorter pause the next candidate paid for it; with
 # 5 ms, measuring picked eager over onnxrt on the 1024-wide MLP (5.93 vs 4.00 ms).
 PAUSE_S = 0.1
+# ...and after the pause, untimed calls wake the candidate's threads again: a
+# batch timed straight after a 100 ms sleep measured the 1024-wide MLP's eager
+# at 9.5-15.7 ms against 4.4 ms back to back, and its onnxrt at 3.5-9.8 ms
+# against 3.1 ms (four processes), so the pick depended on chance. With these
+# calls the measured times match back-to-back ones within 10%.
+REWARM_CALLS = 2
 
 
 @dataclass
@@ -88,7 +94,9 @@ def median_call_s(candidates: dict[str, CompiledFn], args: Sequence[Any]) -> dic
 
     Taking the candidates in turn, round after round, makes drift on a busy
     machine hit all of them alike; the pause before each batch lets the last
-    candidate's idle worker threads (ORT's, OpenMP's) stop spinning first."""
+    candidate's idle worker threads (ORT's, OpenMP's) stop spinning first, and
+    a few untimed calls then wake this candidate's, so that each batch times
+    back-to-back calls, as a model serving requests makes them."""
     calls = {}
     for route, fn in candidates.items():
         for _ in range(WARMUP_CALLS):
@@ -101,6 +109,8 @@ def median_call_s(candidates: dict[str, CompiledFn], args: Sequence[Any]) -> dic
     for _ in range(BATCHES):
         for route, fn in candidates.items():
             time.sleep(PAUSE_S)
+            for _ in range(REWARM_CALLS):
+                fn(*args)
             start = time.perf_counter()
             for _ in range(calls[route]):
                 fn(*args)
