@@ -74,7 +74,10 @@ class ArtifactCache:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
-                f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
+                # Three writes, not one concatenation: the payload may be a model's weights.
+                f.write(_MAGIC)
+                f.write(hashlib.sha256(payload).digest())
+                f.write(payload)
             os.replace(tmp, path)
         except OSError as error:  # a read-only or full disk costs speed, never a result
             _warn_once(f"dispatch: cannot write the cache under {self.root}: {error}")
