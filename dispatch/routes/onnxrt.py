@@ -151,6 +151,10 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
+    # The memory pattern pre-plans one block per run for all intermediates, on
+    # top of the arena: +10 MB resident on the transformer layer after ten calls,
+    # for no speed measurable on any benchmark model (benchmarks/README.md).
+    options.enable_mem_pattern = False
     if _largest_numel(args) < SMALL_REGION_NUMEL:
         # Measured (benchmarks/README.md): on tiny tensors ORT's thread pool
         # costs more than it parallelises.
