@@ -1,7 +1,7 @@
 """The persistent cache under ``DISPATCH_CACHE_DIR``: routing decisions and artifacts.
 
     cache = ArtifactCache(config.cache_dir)
-    model = cache.get("onnx", key) or cache.put("onnx", key, export())
+    model = cache.get("onnx", key) or cache.put("onnx", key, export())  # bytes-like either way
 
 Entries are keyed by ``region_key``: the region's code, its inputs' shapes,
 dtypes and devices, and the versions of torch, onnxruntime, onnx, onnxscript,
@@ -22,7 +22,7 @@ import json
 import os
 import tempfile
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -50,10 +50,11 @@ class ArtifactCache:
     def _path(self, kind: str, key: str) -> Path:
         return self.root / kind / key[:2] / key
 
-    def get(self, kind: str, key: str) -> bytes | None:
+    def get(self, kind: str, key: str) -> memoryview | None:
+        """The entry's payload (a view of the file's bytes: an entry may hold weights)."""
         path = self._path(kind, key)
         try:
-            data = path.read_bytes()
+            data = memoryview(path.read_bytes())
         except OSError:
             return None
         head, digest, payload = (
@@ -69,23 +70,30 @@ class ArtifactCache:
         return payload
 
     def put(self, kind: str, key: str, payload: bytes) -> bytes:
+        self.put_parts(kind, key, [payload])
+        return payload
+
+    def put_parts(self, kind: str, key: str, parts: Sequence[bytes | memoryview]) -> None:
+        """Write the payload made of ``parts`` in order, without joining them in memory."""
         path = self._path(kind, key)
+        digest = hashlib.sha256()
+        for part in parts:
+            digest.update(part)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
-                # Three writes, not one concatenation: the payload may be a model's weights.
                 f.write(_MAGIC)
-                f.write(hashlib.sha256(payload).digest())
-                f.write(payload)
+                f.write(digest.digest())
+                for part in parts:
+                    f.write(part)
             os.replace(tmp, path)
         except OSError as error:  # a read-only or full disk costs speed, never a result
             _warn_once(f"dispatch: cannot write the cache under {self.root}: {error}")
-        return payload
 
     def get_json(self, kind: str, key: str) -> Any:
         payload = self.get(kind, key)
-        return None if payload is None else json.loads(payload)
+        return None if payload is None else json.loads(bytes(payload))
 
     def put_json(self, kind: str, key: str, record: Any) -> None:
         self.put(kind, key, json.dumps(record, sort_keys=True).encode())

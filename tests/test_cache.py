@@ -128,3 +128,22 @@ def test_an_unwritable_cache_costs_speed_not_results(tmp_path, monkeypatch):
     with pytest.warns(CacheWarning, match="cannot write"):
         got, expected = _compile_mlp()
     torch.testing.assert_close(got, expected)
+
+
+def test_weights_beside_the_graph_run_when_exported_and_when_read_back(onnx_exports):
+    from dispatch.stitch import FallbackWarning
+
+    def compile_wide() -> tuple[torch.Tensor, torch.Tensor]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
+        x = torch.randn(5, 64)
+        with torch.no_grad():
+            return torch.compile(m, backend="auto")(x), m(x)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)  # onnxrt must run them, not eager
+        for _ in range(2):  # exported, then read from the cache
+            got, expected = compile_wide()
+            torch.testing.assert_close(got, expected)
+    assert onnx_exports[0] == 1

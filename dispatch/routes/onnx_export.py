@@ -18,13 +18,14 @@ import torch
 import torch.fx
 
 from ..inspect import META_VAL
+from .onnx_model import OnnxModel
 from .onnx_ops import onnx_registry
 
 
 def export_region(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], frozen: frozenset[int] = frozenset()
-) -> bytes:
-    """The ONNX model bytes of an aten region.
+) -> OnnxModel:
+    """The ONNX model of an aten region, its large initializers kept beside the graph.
 
     Placeholders at the ``frozen`` positions become constants (buffers of the
     exported module) holding the values in ``example_inputs``. Symbolic
@@ -61,7 +62,7 @@ def export_region(
     finally:
         for q, level in zip(quiet, levels):
             q.setLevel(level)
-    return program.model_proto.SerializeToString()
+    return OnnxModel.from_ir(program.model)
 
 
 def fed_positions(example_inputs: Sequence[Any], frozen: frozenset[int]) -> list[int]:

@@ -34,6 +34,7 @@ from ..inspect import (
 )
 from .base import Availability, CompiledFn, Route
 from .onnx_export import export_region, fed_positions
+from .onnx_model import OnnxModel
 from .onnx_ops import translatable
 from .registry import registry
 
@@ -41,6 +42,7 @@ log = logging.getLogger("dispatch")
 
 _NO_NUMPY_DTYPE = (torch.bfloat16, torch.complex32)
 SMALL_REGION_NUMEL = 4096
+_ENTRY_FORMAT = "graph+initializers"  # cache entries of the format of onnx_model.py
 
 
 @registry.register
@@ -130,16 +132,20 @@ class _FrozenWeightsRunner:
         return self.run(*args)
 
 
-def _cached_export(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> bytes:
-    """The region's ONNX bytes, from the persistent cache when an earlier process
+def _cached_export(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> OnnxModel:
+    """The region's ONNX model, from the persistent cache when an earlier process
     exported the same region with the same baked weights."""
     cache = current_cache()
     if cache is None:
         return export_region(gm, args, frozen)
-    key = region_key(gm, "onnxrt", sorted(frozen), tensors_digest(args[i] for i in sorted(frozen)))
-    model = cache.get("onnx", key)
-    if model is None:
-        model = cache.put("onnx", key, export_region(gm, args, frozen))
+    key = region_key(
+        gm, "onnxrt", _ENTRY_FORMAT, sorted(frozen), tensors_digest(args[i] for i in sorted(frozen))
+    )
+    payload = cache.get("onnx", key)
+    if payload is not None:
+        return OnnxModel.from_payload(payload)
+    model = export_region(gm, args, frozen)
+    cache.put_parts("onnx", key, model.parts())
     return model
 
 
@@ -168,7 +174,7 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
         providers = [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
     else:
         providers = ["CPUExecutionProvider"]
-    session = ort.InferenceSession(model, options, providers=providers)
+    session = ort.InferenceSession(model.graph, model.session_options(options), providers=providers)
     feed_names = [i.name for i in session.get_inputs()]
     # The model's inputs are the region's tensor inputs that were not baked in,
     # in order (the exporter may rename them).

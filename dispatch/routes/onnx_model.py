@@ -1,0 +1,106 @@
+"""An exported ONNX region: its graph, with the large initializers kept beside it.
+
+Weights do not go into the protobuf. Serialising a model with its weights made
+two more copies of every weight at the moment of peak memory (the protobuf, then
+the bytes serialised from it; on the 1024-wide MLP peak RSS went up by 36 MB
+for 12 MB of weights), and protobuf cannot hold a model over 2 GB at all. The
+graph names each large initializer as external data; ONNX Runtime takes the
+arrays through ``SessionOptions.add_external_initializers``.
+
+In the persistent cache an entry is one payload: an 8-byte header length, a
+JSON header (graph size; name, dtype, shape and offset of each array), the
+graph, then each array at a 64-byte aligned offset.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+EXTERNAL_MIN_BYTES = (
+    4096  # smaller ones (shapes, scalars) stay in the graph, where shape inference reads them
+)
+EXTERNAL_LOCATION = "dispatch-initializers"  # never read: every external initializer is supplied in memory
+_ALIGN = 64
+_HEADER = struct.Struct("<Q")
+
+
+@dataclass
+class OnnxModel:
+    """``graph``: ONNX model bytes; ``initializers``: name -> numpy array of each
+    initializer that ``graph`` declares as external data."""
+
+    graph: bytes
+    initializers: Mapping[str, Any]
+
+    @classmethod
+    def from_ir(cls, model: Any) -> OnnxModel:
+        """Move the large initializers of an ``onnx_ir`` model out of it, then serialise it.
+
+        The model is changed in place: those initializers become external tensors."""
+        import numpy as np
+        import onnx_ir as ir
+
+        arrays = {}
+        for name, value in model.graph.initializers.items():
+            tensor = value.const_value
+            if tensor is None or tensor.nbytes < EXTERNAL_MIN_BYTES:
+                continue
+            arrays[name] = np.ascontiguousarray(tensor.numpy())  # folded transposes are views
+            value.const_value = ir.ExternalTensor(
+                EXTERNAL_LOCATION, 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=name
+            )
+        return cls(ir.serde.serialize_model(model).SerializeToString(), arrays)
+
+    def parts(self) -> list[Any]:
+        """The cache payload, as buffers to write one after another (no joined copy)."""
+        import numpy as np
+
+        entries, offset, arrays = [], _aligned(len(self.graph)), []
+        for name, array in self.initializers.items():
+            array = np.ascontiguousarray(array)
+            entries.append([name, array.dtype.str, list(array.shape), offset])
+            arrays.append(array)
+            offset = _aligned(offset + array.nbytes)
+        header = json.dumps({"graph": len(self.graph), "initializers": entries}).encode()
+        parts: list[Any] = [_HEADER.pack(len(header)), header, self.graph]
+        written = len(self.graph)
+        for (_, _, _, at), array in zip(entries, arrays):
+            parts.append(bytes(at - written))
+            parts.append(memoryview(array.reshape(-1).view(np.uint8)))
+            written = at + array.nbytes
+        return parts
+
+    @classmethod
+    def from_payload(cls, payload: bytes) -> OnnxModel:
+        """The inverse of ``parts``; the arrays are read-only views of ``payload``."""
+        import numpy as np
+
+        (size,) = _HEADER.unpack_from(payload)
+        header = json.loads(bytes(payload[_HEADER.size : _HEADER.size + size]))
+        body = memoryview(payload)[_HEADER.size + size :]
+        graph = bytes(body[: header["graph"]])
+        arrays = {}
+        for name, dtype, shape, at in header["initializers"]:
+            dtype = np.dtype(dtype)
+            count = int(np.prod(shape, dtype=np.int64))
+            arrays[name] = np.frombuffer(body, dtype=dtype, count=count, offset=at).reshape(shape)
+        return cls(graph, arrays)
+
+    def session_options(self, options: Any) -> Any:
+        """``options`` with this model's external initializers added (ORT copies them
+        into the session, so the arrays may go once the session is made)."""
+        import onnxruntime as ort
+
+        if self.initializers:
+            names = list(self.initializers)
+            values = [ort.OrtValue.ortvalue_from_numpy(self.initializers[n]) for n in names]
+            options.add_external_initializers(names, values)
+        return options
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // _ALIGN) * _ALIGN

@@ -1,0 +1,36 @@
+"""An exported region keeps its large initializers beside the graph, and its cache
+payload gives back the same graph and the same arrays."""
+
+import numpy as np
+import pytest
+import torch
+
+from dispatch.routes.onnx_model import EXTERNAL_MIN_BYTES, OnnxModel
+
+pytest.importorskip("onnxruntime")
+
+
+def test_payload_round_trip_keeps_every_array_and_its_layout():
+    weights = np.arange(40 * 30, dtype=np.float32).reshape(40, 30).T  # not contiguous
+    model = OnnxModel(
+        b"graph-bytes", {"w": weights, "ids": np.arange(7, dtype=np.int64), "b": np.ones(3, np.float16)}
+    )
+    payload = b"".join(bytes(part) for part in model.parts())
+    back = OnnxModel.from_payload(payload)
+    assert back.graph == b"graph-bytes"
+    assert list(back.initializers) == ["w", "ids", "b"]
+    for name, array in model.initializers.items():
+        assert back.initializers[name].dtype == array.dtype
+        np.testing.assert_array_equal(back.initializers[name], array)
+
+
+def test_an_exported_region_has_no_weights_in_its_graph():
+    from dispatch.routes.onnx_export import export_region
+
+    linear = torch.nn.Linear(64, 64).eval()
+    gm = torch.fx.symbolic_trace(lambda x, w, b: torch.nn.functional.linear(x, w, b))
+    x = torch.randn(2, 64)
+    model = export_region(gm, [x, linear.weight.detach(), linear.bias.detach()], frozen=frozenset({1, 2}))
+    assert len(model.graph) < EXTERNAL_MIN_BYTES  # the 16 KB weight is not in it
+    (weight,) = [a for a in model.initializers.values() if a.size == 64 * 64]
+    assert weight.flags["C_CONTIGUOUS"]  # ORT refuses strided arrays
