@@ -34,3 +34,23 @@ def test_an_exported_region_has_no_weights_in_its_graph():
     assert len(model.graph) < EXTERNAL_MIN_BYTES  # the 16 KB weight is not in it
     (weight,) = [a for a in model.initializers.values() if a.size == 64 * 64]
     assert weight.flags["C_CONTIGUOUS"]  # ORT refuses strided arrays
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_a_linear_layer_exports_its_weight_itself_not_a_transposed_copy(with_bias):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from dispatch.routes.onnx_export import export_region
+
+    aten = torch.ops.aten
+
+    def lowered_linear(x, w, b):  # how AOTAutograd lowers nn.Linear
+        if with_bias:
+            return aten.addmm.default(b, x, aten.t.default(w))
+        return aten.mm.default(x, aten.t.default(w))
+
+    x, w, b = torch.randn(2, 64), torch.randn(32, 64), torch.randn(32)
+    gm = make_fx(lowered_linear)(x, w, b)
+    model = export_region(gm, [x, w, b], frozen=frozenset({1, 2}))
+    (weight,) = [a for a in model.initializers.values() if a.shape == (32, 64)]
+    assert np.shares_memory(weight, w.numpy())  # no second copy, transposed or not

@@ -43,12 +43,14 @@ def export_region(
             root.register_buffer(name, value)
             with graph.inserting_before(node):
                 constant = graph.get_attr(name)
+            constant.meta.update(node.meta)
             node.replace_all_uses_with(constant)
             graph.erase_node(node)
         elif isinstance(value, torch.Tensor):
             args.append(value)
             dynamic.append(_dynamic_axes(node))
     _sizes_from_tensors(graph)
+    _linear_from_transposed_constants(graph)
     module = torch.fx.GraphModule(root, graph)
     dynamic_shapes = tuple(dynamic) if any(dynamic) else None
     quiet = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript")]
@@ -117,6 +119,54 @@ def _sizes_from_tensors(graph: torch.fx.Graph) -> None:
         size.meta[META_VAL] = value
         node.replace_all_uses_with(size)
         graph.erase_node(node)
+
+
+def _linear_from_transposed_constants(graph: torch.fx.Graph) -> None:
+    """``addmm(b, x, t(W))`` and ``mm(x, t(W))`` of a baked weight ``W`` become ``linear``.
+
+    AOTAutograd lowers ``nn.Linear`` to a matmul with the transposed weight. Exported
+    so, the ONNX optimizer folds ``t(W)`` into a second, transposed copy of the
+    weight (12 MB more peak memory on the 1024-wide MLP); ``linear`` exports as
+    ``Gemm(transB=1)`` on ``W`` itself, as a direct export of the module does."""
+    aten = torch.ops.aten
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.kwargs:
+            continue
+        if node.target is aten.addmm.default and len(node.args) == 3:
+            bias, x, weight_t = node.args
+            bias_value = bias.meta.get(META_VAL) if isinstance(bias, torch.fx.Node) else None
+            if not isinstance(bias_value, torch.Tensor) or bias_value.dim() != 1:
+                continue
+        elif node.target is aten.mm.default:
+            (x, weight_t), bias = node.args, None
+        else:
+            continue
+        weight = _transposed_constant(weight_t)
+        if weight is None:
+            continue
+        with graph.inserting_before(node):
+            linear = graph.call_function(
+                aten.linear.default, (x, weight) + ((bias,) if bias is not None else ())
+            )
+        linear.meta.update(node.meta)
+        node.replace_all_uses_with(linear)
+        graph.erase_node(node)
+        if not weight_t.users:
+            graph.erase_node(weight_t)
+
+
+def _transposed_constant(node: Any) -> torch.fx.Node | None:
+    """``W`` where ``node`` is ``t(W)`` or ``permute(W, [1, 0])`` of a baked 2-D constant."""
+    aten = torch.ops.aten
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or node.kwargs:
+        return None
+    if node.target is aten.t.default or (
+        node.target is aten.permute.default and list(node.args[1]) == [1, 0]
+    ):
+        source = node.args[0]
+        if isinstance(source, torch.fx.Node) and source.op == "get_attr":
+            return source
+    return None
 
 
 def _export(module: torch.nn.Module, args: tuple[Any, ...], dynamic_shapes: Any) -> Any:
