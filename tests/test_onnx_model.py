@@ -54,3 +54,16 @@ def test_a_linear_layer_exports_its_weight_itself_not_a_transposed_copy(with_bia
     model = export_region(gm, [x, w, b], frozen=frozenset({1, 2}))
     (weight,) = [a for a in model.initializers.values() if a.shape == (32, 64)]
     assert np.shares_memory(weight, w.numpy())  # no second copy, transposed or not
+
+
+def test_initializers_numpy_cannot_name_stay_in_the_graph():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import onnx_ir as ir
+
+    big = np.ones(EXTERNAL_MIN_BYTES, dtype=np.float32)
+    odd = np.ones(EXTERNAL_MIN_BYTES, dtype=ml_dtypes.bfloat16)
+    values = [ir.Value(name=n, const_value=ir.tensor(a, name=n)) for n, a in (("big", big), ("odd", odd))]
+    graph = ir.Graph(inputs=[], outputs=values, nodes=[], initializers=values, opset_imports={"": 21})
+    model = OnnxModel.from_ir(ir.Model(graph, ir_version=10))
+    assert list(model.initializers) == ["big"]  # bfloat16's numpy dtype would not survive the cache
+    assert len(model.graph) > odd.nbytes

@@ -25,6 +25,7 @@ EXTERNAL_MIN_BYTES = (
 )
 EXTERNAL_LOCATION = "dispatch-initializers"  # never read: every external initializer is supplied in memory
 _ALIGN = 64
+_NUMPY_KINDS = frozenset("biuf")  # bool, signed, unsigned, float
 _HEADER = struct.Struct("<Q")
 
 
@@ -49,7 +50,10 @@ class OnnxModel:
             tensor = value.const_value
             if tensor is None or tensor.nbytes < EXTERNAL_MIN_BYTES:
                 continue
-            arrays[name] = np.ascontiguousarray(tensor.numpy())  # folded transposes are views
+            array = np.ascontiguousarray(tensor.numpy())  # folded transposes are views
+            if array.dtype.kind not in _NUMPY_KINDS:
+                continue  # bfloat16 and float8 come as ml_dtypes, whose dtype string does not survive the cache
+            arrays[name] = array
             value.const_value = ir.ExternalTensor(
                 EXTERNAL_LOCATION, 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=name
             )
