@@ -2,8 +2,8 @@
 
 Weights do not go into the protobuf. Serialising a model with its weights made
 two more copies of every weight at the moment of peak memory (the protobuf, then
-the bytes serialised from it; on the 1024-wide MLP peak RSS went up by 36 MB
-for 12 MB of weights), and protobuf cannot hold a model over 2 GB at all. The
+the bytes serialised from it: on the 1024-wide MLP, RSS rose by 40 MB while its
+12 MB of weights were serialised), and protobuf cannot hold a model over 2 GB. The
 graph names each large initializer as external data; ONNX Runtime takes the
 arrays through ``SessionOptions.add_external_initializers``.
 
@@ -20,9 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-EXTERNAL_MIN_BYTES = (
-    4096  # smaller ones (shapes, scalars) stay in the graph, where shape inference reads them
-)
+# Smaller initializers (shapes, scalars) stay in the graph, where shape inference reads them.
+EXTERNAL_MIN_BYTES = 4096
 EXTERNAL_LOCATION = "dispatch-initializers"  # never read: every external initializer is supplied in memory
 _ALIGN = 64
 _NUMPY_KINDS = frozenset("biuf")  # bool, signed, unsigned, float
@@ -79,7 +78,7 @@ class OnnxModel:
         return parts
 
     @classmethod
-    def from_payload(cls, payload: bytes) -> OnnxModel:
+    def from_payload(cls, payload: bytes | memoryview) -> OnnxModel:
         """The inverse of ``parts``; the arrays are read-only views of ``payload``."""
         import numpy as np
 
