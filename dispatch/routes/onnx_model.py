@@ -36,12 +36,18 @@ class OnnxModel:
     graph: bytes
     initializers: Mapping[str, Any]
 
+    def __post_init__(self) -> None:
+        import numpy as np
+
+        # ORT and the payload's raw bytes both need each array contiguous; a folded
+        # transpose of a weight comes out of the exporter as a strided view.
+        self.initializers = {n: np.ascontiguousarray(a) for n, a in self.initializers.items()}
+
     @classmethod
     def from_ir(cls, model: Any) -> OnnxModel:
         """Move the large initializers of an ``onnx_ir`` model out of it, then serialise it.
 
         The model is changed in place: those initializers become external tensors."""
-        import numpy as np
         import onnx_ir as ir
 
         arrays = {}
@@ -49,7 +55,7 @@ class OnnxModel:
             tensor = value.const_value
             if tensor is None or tensor.nbytes < EXTERNAL_MIN_BYTES:
                 continue
-            array = np.ascontiguousarray(tensor.numpy())  # folded transposes are views
+            array = tensor.numpy()
             if array.dtype.kind not in _NUMPY_KINDS:
                 continue  # bfloat16 and float8 come as ml_dtypes, whose dtype string does not survive the cache
             arrays[name] = array
@@ -64,7 +70,6 @@ class OnnxModel:
 
         entries, offset, arrays = [], _aligned(len(self.graph)), []
         for name, array in self.initializers.items():
-            array = np.ascontiguousarray(array)
             entries.append([name, array.dtype.str, list(array.shape), offset])
             arrays.append(array)
             offset = _aligned(offset + array.nbytes)

@@ -2,7 +2,8 @@
 
 The region's aten graph goes through ``torch.onnx.export`` (the dynamo
 exporter; symbolic dimensions become dynamic axes, one export for all shapes);
-the model bytes are loaded into an ``InferenceSession`` on
+the graph, with its weights handed over beside it (``onnx_model.py``), is
+loaded into an ``InferenceSession`` on
 ``CPUExecutionProvider``, or ``CUDAExecutionProvider`` where onnxruntime-gpu is
 installed and the region is on CUDA. On every device IO binding points ORT at
 torch's input buffers, and ORT's outputs come back through DLPack, so no tensor
