@@ -22,7 +22,8 @@ import torch.fx
 from torch._functorch.aot_autograd import make_boxed_func
 
 from .aot import aot_compile
-from .cache import ArtifactCache, use_inductor_cache, using
+from .aten_cache import GraphSource, aten_graph_key, graph_source, load_aten_graph, save_aten_graph
+from .cache import ArtifactCache, current_cache, use_inductor_cache, using
 from .config import Config
 from .decompositions import onnx_friendly
 from .errors import ConfigError, DispatchError
@@ -125,8 +126,21 @@ class _GraphCompiler:
         self.lifted = 0
         self.num_inputs = 0
         self.decompositions: dict[Any, Callable[..., Any]] | None = None
+        self.source_wanted = False  # keep the inference graph's source, to store it
+        self.source: GraphSource | None = None
 
     def aot(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        cache = None if self.plan_only else current_cache()
+        key = None
+        if cache is not None:
+            key = aten_graph_key(gm, example_inputs, self.static_inputs, self.decompositions is not None)
+        if key is not None:
+            cached = load_aten_graph(cache, key)
+            if cached is not None:
+                direct = self._from_cached(cached, example_inputs)
+                if direct is not None:
+                    return direct
+            self.source_wanted = True
         wrapped = aot_compile(
             gm,
             list(example_inputs),
@@ -144,12 +158,37 @@ class _GraphCompiler:
         ):
             # AOTAutograd's runtime wrapper has nothing to do for this graph (no
             # mutation, no alias, no subclass, no autocast): skip its per-call cost.
+            if key is not None and self.source is not None:
+                save_aten_graph(cache, key, self.source)
             return direct.forward
         return wrapped
 
+    def _from_cached(
+        self, aten: torch.fx.GraphModule, example_inputs: Sequence[Any]
+    ) -> Callable[..., Any] | None:
+        """What ``aot`` returns, from a stored inference graph instead of AOTAutograd's trace.
+
+        None where planning it raised (the traced path then returns that error) or where
+        the stitched graph does not take the inputs as they come."""
+        from torch._dynamo.utils import counters
+
+        counters["aot_autograd"]["total"] += 1  # as aot_compile counts (DDP's optimizer reads it)
+        counters["aot_autograd"]["ok"] += 1
+        self.compile(aten, example_inputs, kind=GRAPH_INFERENCE, wrapper_is_identity=True)
+        direct = self.direct
+        if direct is None or len(direct.graph.find_nodes(op="placeholder")) != len(example_inputs):
+            return None
+        return direct.forward
+
     def compile(
-        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        kind: str,
+        wrapper_is_identity: bool = False,
     ) -> Callable[..., Any]:
+        if kind == GRAPH_INFERENCE and self.source_wanted:
+            self.source = graph_source(gm)  # before planning marks the graph
         placeholders = gm.graph.find_nodes(op="placeholder")
         names: dict[int, str] = {}
         if kind != GRAPH_BACKWARD and len(placeholders) == self.lifted + self.num_inputs:
@@ -178,7 +217,7 @@ class _GraphCompiler:
         stitched = stitch(split, graph_plan, self.config)
         if kind == GRAPH_INFERENCE and self.config.autotune and len(graph_plan.regions) > 1:
             stitched.forward = WholeGraphCheck(stitched, self.config)
-        if kind == GRAPH_INFERENCE and _wrapper_is_identity():
+        if kind == GRAPH_INFERENCE and (wrapper_is_identity or _wrapper_is_identity()):
             self.direct = stitched
         return make_boxed_func(stitched)
 

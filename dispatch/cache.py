@@ -63,7 +63,7 @@ class ArtifactCache:
             data[len(_MAGIC) + _DIGEST :],
         )
         if head != _MAGIC or hashlib.sha256(payload).digest() != digest:
-            _warn_once(
+            warn_once(
                 f"dispatch: cache entry {path} is truncated or corrupted; ignoring it, it will be rewritten"
             )
             return None
@@ -89,7 +89,7 @@ class ArtifactCache:
                     f.write(part)
             os.replace(tmp, path)
         except OSError as error:  # a read-only or full disk costs speed, never a result
-            _warn_once(f"dispatch: cannot write the cache under {self.root}: {error}")
+            warn_once(f"dispatch: cannot write the cache under {self.root}: {error}")
 
     def get_json(self, kind: str, key: str) -> Any:
         payload = self.get(kind, key)
@@ -147,7 +147,8 @@ def use_inductor_cache(root: Path) -> None:
 _WARNED: set[str] = set()  # messages already shown in this process
 
 
-def _warn_once(message: str) -> None:
+def warn_once(message: str) -> None:
+    """Warn with ``message`` unless this process already has."""
     if message not in _WARNED:
         _WARNED.add(message)
         warnings.warn(message, CacheWarning, stacklevel=3)

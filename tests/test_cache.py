@@ -19,19 +19,25 @@ pytest.importorskip("onnxruntime")
 SCRIPT = textwrap.dedent(
     """
     import torch, dispatch
+    import dispatch.backend
     import dispatch.routes.onnxrt as onnxrt_route
-    count = [0]
-    export = onnxrt_route.export_region
+    count, traces = [0], [0]
+    export, trace = onnxrt_route.export_region, dispatch.backend.aot_compile
     def counting(*a, **k):
         count[0] += 1
         return export(*a, **k)
+    def counting_traces(*a, **k):
+        traces[0] += 1
+        return trace(*a, **k)
     onnxrt_route.export_region = counting
+    dispatch.backend.aot_compile = counting_traces
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
     x = torch.randn(3, 8)
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(m, backend="auto")(x), m(x))
     print("EXPORTS", count[0])
+    print("TRACES", traces[0])
     """
 )
 
@@ -46,14 +52,16 @@ def _run(cache_dir, background=False):
     return out
 
 
-def _exports(stdout: str) -> int:
-    return int(next(line for line in stdout.splitlines() if line.startswith("EXPORTS")).split()[1])
+def _exports(stdout: str, what: str = "EXPORTS") -> int:
+    return int(next(line for line in stdout.splitlines() if line.startswith(what)).split()[1])
 
 
-def test_a_second_process_exports_nothing(tmp_path):
-    assert _exports(_run(tmp_path).stdout) == 1
+def test_a_second_process_exports_nothing_and_traces_nothing(tmp_path):
+    first = _run(tmp_path)
+    assert (_exports(first.stdout), _exports(first.stdout, "TRACES")) == (1, 1)
     second = _run(tmp_path)
     assert _exports(second.stdout) == 0
+    assert _exports(second.stdout, "TRACES") == 0  # AOTAutograd's graph came from the cache
     assert "Warning" not in second.stderr
 
 

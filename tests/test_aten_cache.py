@@ -1,0 +1,201 @@
+"""The stored aten graph: a second compile of the same graph skips AOTAutograd and
+plans the very graph the first one traced; graphs whose trace the key cannot
+pin down are never stored."""
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import dispatch.aten_cache as aten_cache
+import dispatch.backend as backend
+import dispatch.cache as cache_module
+from dispatch.cache import ArtifactCache, CacheWarning
+
+EAGER = {"routes": ["eager"]}  # planning and running stay cheap; the graph is what is checked
+
+
+@pytest.fixture
+def planned(monkeypatch):
+    """Every inference graph auto planned, as (code, node values), and how many AOTAutograd traces ran."""
+    seen = {"graphs": [], "traces": 0}
+    compile_graph, trace = backend._GraphCompiler.compile, backend.aot_compile
+
+    def recording(self, gm, example_inputs, kind, **kwargs):
+        values = [_metadata(n.meta.get("val")) for n in gm.graph.nodes]
+        seen["graphs"].append((gm.code, values))
+        return compile_graph(self, gm, example_inputs, kind, **kwargs)
+
+    def counting(*args, **kwargs):
+        seen["traces"] += 1
+        return trace(*args, **kwargs)
+
+    monkeypatch.setattr(backend._GraphCompiler, "compile", recording)
+    monkeypatch.setattr(backend, "aot_compile", counting)
+    return seen
+
+
+def _metadata(value):
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device.type)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_metadata(v) for v in value)
+    return value
+
+
+def _layer_norm_mlp(x):
+    return torch.nn.functional.layer_norm(torch.relu(x @ x.T), (x.shape[0],)) * 2
+
+
+def _offset_view(x):
+    return (x[:, 1:] * 2).to(torch.float16)
+
+
+def _constants(x):
+    return torch.where(x > 0, x, torch.full_like(x, float("-inf")))
+
+
+def _several_outputs(x):
+    top, index = x.max(dim=1)
+    a, b = torch.split(x, [1, x.shape[1] - 1], dim=1)
+    return top, index, a.sum() + b.mean()
+
+
+@pytest.mark.parametrize("fn", [_layer_norm_mlp, _offset_view, _constants, _several_outputs])
+def test_a_second_compile_plans_the_graph_the_first_traced(planned, fn):
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        first = torch.compile(fn, backend="auto", options=EAGER)(x)
+        torch._dynamo.reset()
+        second = torch.compile(fn, backend="auto", options=EAGER)(x)
+    torch.testing.assert_close(second, first)
+    torch.testing.assert_close(second, fn(x))
+    assert planned["traces"] == 1  # the second compile read the stored graph
+    (code, values), (code_again, values_again) = planned["graphs"]
+    assert code_again == code
+    assert values_again == values
+    assert all(v is not None for v in values[:-1])  # every node but the output has a value
+
+
+def test_a_graph_that_reads_back_otherwise_is_not_stored(planned):
+    def ramp(x):  # FX tracing runs an op without tensor inputs: arange would become a constant
+        return x + torch.arange(x.shape[1], device=x.device, dtype=x.dtype)
+
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        torch.compile(ramp, backend="auto", options=EAGER)(x)
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(ramp, backend="auto", options=EAGER)(x + 1), ramp(x + 1))
+    assert planned["traces"] == 2
+    assert not (Path(os.environ["DISPATCH_CACHE_DIR"]) / aten_cache.KIND).exists()
+
+
+def test_the_onnxrt_decompositions_are_part_of_the_key(planned):
+    layer = torch.nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True).eval()
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        expected = layer(x)
+        for options in (EAGER, {"routes": ["onnxrt", "eager"]}, {"routes": ["onnxrt", "eager"]}):
+            torch._dynamo.reset()
+            torch.testing.assert_close(torch.compile(layer, backend="auto", options=options)(x), expected)
+    assert planned["traces"] == 2  # eager-only and onnxrt graphs differ; the third read the second's
+    fused, decomposed, read_back = (code for code, _ in planned["graphs"])
+    assert "_transformer_encoder_layer_fwd" in fused
+    assert "_transformer_encoder_layer_fwd" not in decomposed
+    assert read_back == decomposed
+
+
+def _dynamo_graph(fn, *inputs, **compile_kwargs):
+    captured = []
+
+    def capture(gm, example_inputs):
+        captured.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch.compile(fn, backend=capture, **compile_kwargs)(*inputs)
+    return captured[-1]
+
+
+def _key(gm, inputs, decompose=False):
+    return aten_cache.aten_graph_key(gm, inputs, frozenset(), decompose)
+
+
+def test_the_key_is_stable_and_covers_what_shapes_the_trace(monkeypatch):
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    with torch.no_grad():
+        gm, inputs = _dynamo_graph(torch.add, x, y)
+        key = _key(gm, inputs)
+        assert key is not None and _key(gm, inputs) == key
+        assert _key(gm, [x, y.T]) != key  # strides
+        assert _key(gm, [x, x]) != key  # two inputs, one storage
+        assert _key(gm, [x.double(), y.double()]) != key
+        assert _key(gm, inputs, decompose=True) != key
+        assert aten_cache.aten_graph_key(gm, inputs, frozenset({0}), False) != key
+    assert _key(gm, inputs) != key  # grad mode
+    with torch.no_grad():
+        monkeypatch.setattr(aten_cache, "versions", lambda: (("torch", "0.0"),))
+        assert _key(gm, inputs) != key
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def _composite_op():
+    lib = torch.library.Library("dispatch_test_composite", "FRAGMENT")
+    lib.define("double(Tensor x) -> Tensor")
+    lib.impl("double", lambda x: x * 2, "CompositeImplicitAutograd")
+    return lib, torch.ops.dispatch_test_composite.double.default
+
+
+def test_graphs_the_key_cannot_pin_down_are_not_stored():
+    x = torch.randn(3, 3, requires_grad=True)
+    gm, inputs = _dynamo_graph(torch.sin, x)
+    assert _key(gm, inputs) is None  # gradients: AOTAutograd's training path
+    with torch.no_grad():
+        assert _key(gm, inputs) is not None
+        with torch.autocast("cpu"):
+            assert _key(gm, inputs) is None
+        dynamic = torch.randn(5, 3)
+        torch._dynamo.mark_dynamic(dynamic, 0)
+        assert _key(*_dynamo_graph(torch.sin, dynamic)) is None
+        lib, op = _composite_op()  # decomposed by a Python body that may change
+        assert _key(*_dynamo_graph(op, x.detach())) is None
+        del lib
+        module = torch.fx.symbolic_trace(_Scaled())  # holds its buffer: not an input
+        assert _key(module, [x.detach()]) is None
+
+
+def test_an_entry_that_no_longer_loads_is_reported_once_and_rewritten(planned, monkeypatch):
+    monkeypatch.setattr(cache_module, "_WARNED", set())
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        torch.compile(_layer_norm_mlp, backend="auto", options=EAGER)(x)
+        root = Path(os.environ["DISPATCH_CACHE_DIR"])
+        (entry,) = [p for p in (root / aten_cache.KIND).rglob("*") if p.is_file()]
+        cache = ArtifactCache(root)
+        record = cache.get_json(aten_cache.KIND, entry.name)
+        broken = {
+            **record,
+            "code": record["code"].replace("torch.ops.aten", "torch.ops.no_such_namespace", 1),
+        }
+        cache.put_json(aten_cache.KIND, entry.name, broken)
+        torch._dynamo.reset()
+        with pytest.warns(CacheWarning, match="does not load"):
+            got = torch.compile(_layer_norm_mlp, backend="auto", options=EAGER)(x)
+        torch.testing.assert_close(got, _layer_norm_mlp(x))
+        assert planned["traces"] == 2  # traced again
+        assert json.loads(bytes(cache.get(aten_cache.KIND, entry.name))) == record  # and rewritten
+        torch._dynamo.reset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CacheWarning)
+            torch.compile(_layer_norm_mlp, backend="auto", options=EAGER)(x)
+    assert planned["traces"] == 2
