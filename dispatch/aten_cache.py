@@ -8,7 +8,8 @@ Inductor's ``AOTAutogradCache`` skips that trace, but it stores the compiled
 ``OutputCode`` that only Inductor makes, so it cannot hold our graphs. What is
 stored here is less: the inference graph itself, as the Python source that FX
 generates. It is read back by tracing that source with ``torch.fx.Tracer``,
-which is how ``GraphModule``'s own pickling rebuilds a graph. Each node's
+which is how ``GraphModule``'s own pickling rebuilds a graph, and the cold
+process plans the graph read back too, so that both plan the same graph. Each node's
 ``meta["val"]`` (what planning reads) is stored as its tensors' metadata and
 made again as fake tensors. That takes milliseconds, where ``FakeTensorProp``
 took 0.16 s on the transformer layer.
@@ -103,33 +104,41 @@ def load_aten_graph(cache: ArtifactCache, key: str) -> torch.fx.GraphModule | No
     if record is None:
         return None
     try:
-        gm = _rebuild(record["imports"], record["code"], record["names"])
-        _restore_values(gm, record["values"])
+        return _read(GraphSource(**record))
     except Exception as error:  # an entry that no longer loads is a miss, then rewritten
         warn_once(f"dispatch: cached aten graph {key[:12]} does not load ({error}); tracing again")
         return None
-    return gm
 
 
 def save_aten_graph(cache: ArtifactCache, key: str, source: GraphSource) -> None:
-    """Store an inference graph's source, if it reads back as the same graph.
-
-    The check costs a few milliseconds once. It keeps the warm process's graph,
-    node names included (they are in the regions' code, so in their cache
-    keys), the same as the cold process's."""
-    try:
-        same = _rebuild(source.imports, source.code, source.names).code == source.code
-    except Exception as error:
-        log.debug("aten graph not cached: it does not read back (%s)", error)
-        return
-    if not same:
-        log.debug("aten graph not cached: it reads back as a different graph")
-        return
     cache.put_json(KIND, key, source._asdict())
 
 
+def read_back(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, GraphSource] | None:
+    """``gm`` as a warm start will read it from the cache, and what to store; None where
+    it cannot be stored.
+
+    The cold process plans the graph read back, not AOTAutograd's own: graphs
+    derived from it (the stitched graph, each region's graph) take their node
+    names from how it was built, and those names are in the cache keys of
+    measured decisions and ONNX models. So both processes must plan a graph
+    built the same way. Costs a few milliseconds, once."""
+    source = _source_of(gm)
+    if source is None:
+        return None
+    try:
+        same = _read(source)
+    except Exception as error:
+        log.debug("aten graph not cached: it does not read back (%s)", error)
+        return None
+    if same.code != source.code:
+        log.debug("aten graph not cached: it reads back as a different graph")
+        return None
+    return same, source
+
+
 class GraphSource(NamedTuple):
-    """What ``save_aten_graph`` stores of a graph."""
+    """What the cache stores of a graph."""
 
     imports: str  # what the code needs in its namespace
     code: str  # the FX ``forward``
@@ -137,8 +146,8 @@ class GraphSource(NamedTuple):
     values: list[Any]  # each node's ``meta["val"]`` as ``_describe`` writes it
 
 
-def graph_source(gm: torch.fx.GraphModule) -> GraphSource | None:
-    """The source of ``gm``; None where a node's value cannot be described (a symbolic size)."""
+def _source_of(gm: torch.fx.GraphModule) -> GraphSource | None:
+    """What the cache stores of ``gm``; None where a node's value cannot be described."""
     _, (_, imports) = gm.__reduce__()
     nodes = list(gm.graph.nodes)
     try:
@@ -198,6 +207,12 @@ def _source_digest() -> str:
     for module in (decompositions, aot):
         h.update(Path(module.__file__).read_bytes())
     return h.hexdigest()
+
+
+def _read(source: GraphSource) -> torch.fx.GraphModule:
+    gm = _rebuild(source.imports, source.code, source.names)
+    _restore_values(gm, source.values)
+    return gm
 
 
 def _rebuild(imports: str, code: str, names: list[str]) -> torch.fx.GraphModule:

@@ -22,7 +22,7 @@ import torch.fx
 from torch._functorch.aot_autograd import make_boxed_func
 
 from .aot import aot_compile
-from .aten_cache import GraphSource, aten_graph_key, graph_source, load_aten_graph, save_aten_graph
+from .aten_cache import GraphSource, aten_graph_key, load_aten_graph, read_back, save_aten_graph
 from .cache import ArtifactCache, current_cache, use_inductor_cache, using
 from .config import Config
 from .decompositions import onnx_friendly
@@ -188,7 +188,9 @@ class _GraphCompiler:
         wrapper_is_identity: bool = False,
     ) -> Callable[..., Any]:
         if kind == GRAPH_INFERENCE and self.source_wanted:
-            self.source = graph_source(gm)  # before planning marks the graph
+            stored = read_back(gm)  # before planning marks the graph
+            if stored is not None:
+                gm, self.source = stored
         placeholders = gm.graph.find_nodes(op="placeholder")
         names: dict[int, str] = {}
         if kind != GRAPH_BACKWARD and len(placeholders) == self.lifted + self.num_inputs:

@@ -14,15 +14,16 @@ import dispatch.aten_cache as aten_cache
 import dispatch.backend as backend
 import dispatch.cache as cache_module
 from dispatch.cache import ArtifactCache, CacheWarning
+from dispatch.stitch import RegionRunner
 
-EAGER = {"routes": ["eager"]}  # planning and running stay cheap; the graph is what is checked
+EAGER = {"routes": ["eager"], "min_region_size": 1}  # cheap to plan and run; the graphs are what is checked
 
 
 @pytest.fixture
 def planned(monkeypatch):
     """Every inference graph auto planned, as (code, node values), and how many AOTAutograd traces ran."""
-    seen = {"graphs": [], "traces": 0}
-    compile_graph, trace = backend._GraphCompiler.compile, backend.aot_compile
+    seen = {"graphs": [], "traces": 0, "stitched": []}
+    compile_graph, trace, stitch = backend._GraphCompiler.compile, backend.aot_compile, backend.stitch
 
     def recording(self, gm, example_inputs, kind, **kwargs):
         values = [_metadata(n.meta.get("val")) for n in gm.graph.nodes]
@@ -33,7 +34,14 @@ def planned(monkeypatch):
         seen["traces"] += 1
         return trace(*args, **kwargs)
 
+    def stitching(split, plan, config):
+        stitched = stitch(split, plan, config)
+        regions = [r.gm.code for r in vars(stitched).values() if isinstance(r, RegionRunner)]
+        seen["stitched"].append((stitched.code, regions))
+        return stitched
+
     monkeypatch.setattr(backend._GraphCompiler, "compile", recording)
+    monkeypatch.setattr(backend, "stitch", stitching)
     monkeypatch.setattr(backend, "aot_compile", counting)
     return seen
 
@@ -78,6 +86,9 @@ def test_a_second_compile_plans_the_graph_the_first_traced(planned, fn):
     assert code_again == code
     assert values_again == values
     assert all(v is not None for v in values[:-1])  # every node but the output has a value
+    # Graphs derived from it are named alike: their code keys the cache's other entries.
+    first_stitched, second_stitched = planned["stitched"]
+    assert second_stitched == first_stitched
 
 
 def test_a_graph_that_reads_back_otherwise_is_not_stored(planned):
