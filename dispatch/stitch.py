@@ -64,6 +64,7 @@ class RegionRunner:
         self.chain = [region.route, *region.fallbacks]
         self.cache = ArtifactCache(config.cache_dir)
         self._fn: CompiledFn | None = None
+        self._decided = False  # the chain is in measured order (or needs none)
         self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
@@ -96,18 +97,34 @@ class RegionRunner:
                 self._fn = fn
             return self._fn
 
+    def read_decision(self) -> bool:
+        """Take the cached measured order, compiling nothing; False where this
+        region has yet to be measured."""
+        with self._lock:
+            return self._read_decision()
+
+    def _read_decision(self) -> bool:
+        if self._decided or registry.get(self.chain[0]).wraps or len(self.chain) < 2:
+            return True  # a capture wraps one inner route; a lone route has no rival
+        decision = self.cache.get_json("decision", self._decision_key())
+        if decision is None or not set(decision["order"]) <= set(self.chain):
+            return False
+        self.region.measured = {r: f"{line} (cached)" for r, line in decision["measured"].items()}
+        self._reorder(decision["order"], decision["reasons"])
+        self._decided = True
+        return True
+
+    def _decision_key(self) -> str:
+        return region_key(self.gm, "decision", tuple(self.chain))
+
     def _autotune(self, args: Sequence[Any]) -> None:
         """Reorder the chain by measured speed (or by the cached decision) and
         keep the winner's compiled function."""
         region = self.region
-        if registry.get(self.chain[0]).wraps or len(self.chain) < 2:
-            return  # a capture wraps one inner route; a lone route has no rival
-        key = region_key(self.gm, "decision", tuple(self.chain))
-        decision = self.cache.get_json("decision", key)
-        if decision is not None and set(decision["order"]) <= set(self.chain):
-            region.measured = {r: f"{line} (cached)" for r, line in decision["measured"].items()}
-            self._reorder(decision["order"], decision["reasons"])
+        if self._read_decision():
             return
+        key = self._decision_key()
+        self._decided = True
         with _disable_current_modes(), COMPILE_LOCK:
             tuning = measure(
                 self.chain, lambda route: self._compile(route, args), lambda: self.gm(*args), args

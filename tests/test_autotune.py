@@ -178,7 +178,9 @@ def test_regions_faster_alone_but_slower_together_move_to_eager(demo, monkeypatc
 
     compiled = torch.compile(split_by_tanh, backend="auto", options=SPLIT_OPTIONS)
     # a new compile: it reads the cached decision
+    compiles = demo.compiles
     torch.testing.assert_close(compiled(*INPUTS), split_by_tanh(*INPUTS))
+    assert demo.compiles == compiles, "a warm start compiled a route the cached decision moved to eager"
     calls = demo.calls
     torch.testing.assert_close(compiled(*INPUTS), split_by_tanh(*INPUTS))
     assert demo.calls == calls, "a region moved to eager still ran on demo"
