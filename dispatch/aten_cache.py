@@ -26,8 +26,7 @@ Every node must pass torch's own cacheability check, the one
 ``AOTAutogradCache`` uses. Within that set, only inference graphs whose
 AOTAutograd runtime wrapper would do nothing are stored (the wrapper is
 skipped in that case anyway), and only if the source reads back as the same
-graph: FX tracing runs an op without tensor inputs (``arange``) and keeps its
-result as a constant, so such a graph is not stored. Anything else
+graph. Anything else
 (gradients, autocast, dynamic shapes, non-tensor inputs, tensors held by the
 graph module) is traced as before.
 
@@ -220,12 +219,14 @@ def _rebuild(imports: str, code: str, names: list[str]) -> torch.fx.GraphModule:
     its nodes given ``names`` (the tracer names them after their op: ``t_default``)."""
     namespace: dict[str, Any] = {}
     exec(compile(imports + "\n" + code, "<dispatch cached aten graph>", "exec"), namespace)
+    tracer = torch.fx.Tracer()
+    namespace["torch"] = _RecordingTorch(tracer)
 
     class CachedAtenGraph(torch.nn.Module):
         forward = namespace["forward"]
 
     root = CachedAtenGraph()
-    traced = list(torch.fx.Tracer().trace(root).nodes)
+    traced = list(tracer.trace(root).nodes)
     if len(traced) != len(names):
         raise ValueError(f"{len(traced)} nodes read back, {len(names)} stored")
     graph = torch.fx.Graph()  # a fresh namespace: every stored name is free in it
@@ -235,6 +236,34 @@ def _rebuild(imports: str, code: str, names: list[str]) -> torch.fx.GraphModule:
         kwargs = torch.fx.map_arg(node.kwargs, copies.__getitem__)
         copies[node] = graph.create_node(node.op, node.target, args, kwargs, name=name, type_expr=node.type)
     return torch.fx.GraphModule(root, graph)
+
+
+class _RecordingTorch:
+    """``torch`` as the cached code sees it: every ``torch.ops`` call becomes a node.
+
+    Plain FX tracing runs an op whose arguments hold no proxy (``arange(5)``,
+    ``full([2], 0.0)``) and keeps its result as a constant; the graph read back
+    would differ from the one stored."""
+
+    def __init__(self, tracer: torch.fx.Tracer) -> None:
+        self._tracer = tracer
+
+    def __getattr__(self, name: str) -> Any:
+        return _RecordingOp(self._tracer, torch.ops) if name == "ops" else getattr(torch, name)
+
+
+class _RecordingOp:
+    """A step along ``torch.ops.<namespace>.<op>.<overload>``; calling it records the op."""
+
+    def __init__(self, tracer: torch.fx.Tracer, target: Any) -> None:
+        self._tracer = tracer
+        self._target = target
+
+    def __getattr__(self, name: str) -> _RecordingOp:
+        return _RecordingOp(self._tracer, getattr(self._target, name))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._tracer.create_proxy("call_function", self._target, args, kwargs)
 
 
 def _describe(value: Any) -> Any:
