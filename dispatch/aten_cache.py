@@ -8,11 +8,11 @@ Inductor's ``AOTAutogradCache`` skips that trace, but it stores the compiled
 ``OutputCode`` that only Inductor makes, so it cannot hold our graphs. What is
 stored here is less: the inference graph itself, as the Python source that FX
 generates. It is read back by tracing that source with ``torch.fx.Tracer``,
-which is how ``GraphModule``'s own pickling rebuilds a graph, and the cold
-process plans the graph read back too, so that both plan the same graph. Each node's
-``meta["val"]`` (what planning reads) is stored as its tensors' metadata and
-made again as fake tensors. That takes milliseconds, where ``FakeTensorProp``
-took 0.16 s on the transformer layer.
+which is how ``GraphModule``'s own pickling rebuilds a graph. The cold process
+plans the graph read back too, so that both processes plan the same graph.
+Each node's ``meta["val"]`` (what planning reads) is stored as its tensors'
+metadata and made again as fake tensors. That takes milliseconds, where
+``FakeTensorProp`` took 0.16 s on the transformer layer.
 
 Only graphs whose result is fixed by the key are stored. The key is:
 
@@ -26,9 +26,8 @@ Every node must pass torch's own cacheability check, the one
 ``AOTAutogradCache`` uses. Within that set, only inference graphs whose
 AOTAutograd runtime wrapper would do nothing are stored (the wrapper is
 skipped in that case anyway), and only if the source reads back as the same
-graph. Anything else
-(gradients, autocast, dynamic shapes, non-tensor inputs, tensors held by the
-graph module) is traced as before.
+graph. Anything else (gradients, autocast, dynamic shapes, non-tensor inputs,
+tensors held by the graph module) is traced as before.
 
 The entry is code that is executed when read. That is the trust model of
 Inductor's cache too: the cache directory belongs to the user.
@@ -110,6 +109,7 @@ def load_aten_graph(cache: ArtifactCache, key: str) -> torch.fx.GraphModule | No
 
 
 def save_aten_graph(cache: ArtifactCache, key: str, source: GraphSource) -> None:
+    """Store what ``read_back`` returned, for later processes."""
     cache.put_json(KIND, key, source._asdict())
 
 
@@ -215,8 +215,9 @@ def _read(source: GraphSource) -> torch.fx.GraphModule:
 
 
 def _rebuild(imports: str, code: str, names: list[str]) -> torch.fx.GraphModule:
-    """The graph that ``code`` (an FX ``forward``) computes, traced as FX unpickling does,
-    its nodes given ``names`` (the tracer names them after their op: ``t_default``)."""
+    """The graph that ``code`` (an FX ``forward``) computes, traced as FX unpickling
+    does but with every op recorded, its nodes given ``names`` (the tracer names
+    them after their op: ``t_default``)."""
     namespace: dict[str, Any] = {}
     exec(compile(imports + "\n" + code, "<dispatch cached aten graph>", "exec"), namespace)
     tracer = torch.fx.Tracer()

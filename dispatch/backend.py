@@ -168,17 +168,16 @@ class _GraphCompiler:
     ) -> Callable[..., Any] | None:
         """What ``aot`` returns, from a stored inference graph instead of AOTAutograd's trace.
 
-        None where planning it raised (the traced path then returns that error) or where
-        the stitched graph does not take the inputs as they come."""
+        None where planning it raised: nothing was published, and the traced path
+        returns that error as it always has."""
         from torch._dynamo.utils import counters
 
+        self.compile(aten, example_inputs, kind=GRAPH_INFERENCE, wrapper_is_identity=True)
+        if self.direct is None:
+            return None
         counters["aot_autograd"]["total"] += 1  # as aot_compile counts (DDP's optimizer reads it)
         counters["aot_autograd"]["ok"] += 1
-        self.compile(aten, example_inputs, kind=GRAPH_INFERENCE, wrapper_is_identity=True)
-        direct = self.direct
-        if direct is None or len(direct.graph.find_nodes(op="placeholder")) != len(example_inputs):
-            return None
-        return direct.forward
+        return self.direct.forward
 
     def compile(
         self,
