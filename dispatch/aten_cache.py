@@ -48,7 +48,7 @@ import torch.fx
 
 from . import aot, decompositions
 from .cache import ArtifactCache, versions, warn_once
-from .inspect import META_VAL
+from .inspect import META_VAL, needs_gradients
 
 log = logging.getLogger("dispatch")
 
@@ -165,7 +165,7 @@ def _not_storable(dynamo_gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
             return f"an input is a {type(x).__name__}, not a plain tensor"
         if x.layout != torch.strided:
             return f"an input has layout {x.layout}"
-    if torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs):
+    if needs_gradients(example_inputs):
         return "gradients are needed"
     if any(torch.is_autocast_enabled(d) for d in torch._C._autocast_supported_devices()):
         return "autocast is on"

@@ -34,6 +34,7 @@ from .inspect import (
     GRAPH_INFERENCE,
     input_names,
     mark_static_inputs,
+    needs_gradients,
     static_input_positions,
 )
 from .planner import availability, plan_graph
@@ -234,7 +235,7 @@ def _configure_logging(level: str) -> None:
 
 def _onnxrt_may_run(config: Config, example_inputs: Sequence[Any]) -> bool:
     """Whether this graph is CPU inference that the onnxrt route is allowed to take."""
-    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in example_inputs):
+    if needs_gradients(example_inputs):
         return False
     if not config.allows("onnxrt") or not all(
         t.device.type == "cpu" for t in example_inputs if isinstance(t, torch.Tensor)

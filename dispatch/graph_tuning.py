@@ -69,22 +69,22 @@ class WholeGraphCheck:
     def _key(self) -> str:
         return region_key(self.gm, *(region_key(r.gm, tuple(r.chain)) for r in self.runners))
 
+    def _routed(self) -> bool:
+        return any(r.chain[0] != "eager" for r in self.runners)
+
     def _cached_decision(self) -> dict[str, Any] | None:
-        if not any(r.chain[0] != "eager" for r in self.runners):
-            return None
-        return self.cache.get_json("whole-graph", self._key())
+        return self.cache.get_json("whole-graph", self._key()) if self._routed() else None
 
     def _decide(self, args: Sequence[Any]) -> None:
-        if not any(r.chain[0] != "eager" for r in self.runners):
+        if not self._routed():
             return
-        key = self._key()
-        decision = self.cache.get_json("whole-graph", key)
+        decision = self._cached_decision()
         if decision is None:
             with _disable_current_modes(), COMPILE_LOCK:
                 seconds = autotune.median_call_s({AS_ROUTED: self.forward, ALL_EAGER: self._all_eager}, args)
             decision = {name: autotune.format_seconds(s) for name, s in seconds.items()}
             decision["eager wins"] = seconds[ALL_EAGER] < seconds[AS_ROUTED]
-            self.cache.put_json("whole-graph", key, decision)
+            self.cache.put_json("whole-graph", self._key(), decision)
         self._apply(decision)
 
     def _apply(self, decision: dict[str, Any]) -> None:

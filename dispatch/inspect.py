@@ -98,6 +98,12 @@ def first_device(values: object) -> torch.device:
     return next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
 
 
+def needs_gradients(example_inputs: object) -> bool:
+    """Whether AOTAutograd will trace a training graph for these inputs: grad mode
+    is on and one of them requires grad."""
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in example_inputs)
+
+
 def static_input_positions(dynamo_gm: torch.fx.GraphModule) -> frozenset[int]:
     """Positions of a Dynamo graph's inputs that are parameters or buffers.
 
