@@ -45,19 +45,27 @@ def slow(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def fuzz(session: nox.Session) -> None:
-    """The random-graph property test with many fresh examples (DISPATCH_FUZZ_EXAMPLES, default 200)."""
-    install(session, "test")
-    examples = os.environ.get("DISPATCH_FUZZ_EXAMPLES", "200")
+    """The property tests with many fresh examples (DISPATCH_FUZZ_EXAMPLES, default 500):
+    random graphs under auto, and random chains of kernels/ patterns on the triton
+    route (in the Triton interpreter where there is no GPU)."""
+    install(session, "test", "triton")
+    examples = os.environ.get("DISPATCH_FUZZ_EXAMPLES", "500")
     session.run(
-        "pytest", "tests/test_random_graphs.py", *session.posargs, env={"DISPATCH_FUZZ_EXAMPLES": examples}
+        "pytest",
+        "tests/test_random_graphs.py",
+        "tests/test_triton_fuzz.py",
+        *session.posargs,
+        env={"DISPATCH_FUZZ_EXAMPLES": examples},
     )
 
 
 @nox.session(python=PYTHON)
 def gpu(session: nox.Session) -> None:
-    """Tests that need a CUDA device (they skip with a reason elsewhere)."""
+    """Tests that need a CUDA device, and the CUDA kernel bench; writes
+    benchmarks/results/gpu-<stamp>.{json,md}. Without nox (a GPU machine with no
+    network): `python -m benchmarks.gpu_report`."""
     install(session, "test", "triton")
-    session.run("pytest", "-m", "gpu", "-rs", *session.posargs)
+    session.run("python", "-m", "benchmarks.gpu_report", *session.posargs)
 
 
 @nox.session(python=PYTHON)

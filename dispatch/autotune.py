@@ -96,13 +96,17 @@ def median_call_s(candidates: dict[str, CompiledFn], args: Sequence[Any]) -> dic
     machine hit all of them alike; the pause before each batch lets the last
     candidate's idle worker threads (ORT's, OpenMP's) stop spinning first, and
     a few untimed calls then wake this candidate's, so that each batch times
-    back-to-back calls, as a model serving requests makes them."""
+    back-to-back calls, as a model serving requests makes them. On CUDA each
+    timing waits for the device (a call returns once its kernels are queued)."""
+    sync = synchronizer(args)
     calls = {}
     for route, fn in candidates.items():
         for _ in range(WARMUP_CALLS):
             fn(*args)
+        sync()
         start = time.perf_counter()
         fn(*args)
+        sync()
         one = max(time.perf_counter() - start, 1e-7)
         calls[route] = max(1, min(1000, int(BATCH_S / one)))
     samples: dict[str, list[float]] = {route: [] for route in candidates}
@@ -111,11 +115,26 @@ def median_call_s(candidates: dict[str, CompiledFn], args: Sequence[Any]) -> dic
             time.sleep(PAUSE_S)
             for _ in range(REWARM_CALLS):
                 fn(*args)
+            sync()
             start = time.perf_counter()
             for _ in range(calls[route]):
                 fn(*args)
+            sync()
             samples[route].append((time.perf_counter() - start) / calls[route])
     return {route: sorted(v)[len(v) // 2] for route, v in samples.items()}
+
+
+def synchronizer(args: Sequence[Any]) -> Callable[[], None]:
+    """A function that waits for every CUDA device among ``args`` (a no-op on CPU)."""
+    devices = {a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"}
+    if not devices:
+        return lambda: None
+
+    def sync() -> None:
+        for device in devices:
+            torch.cuda.synchronize(device)
+
+    return sync
 
 
 def check_close(expected: Sequence[Any], got: Sequence[Any]) -> None:

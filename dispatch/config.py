@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-OPTION_KEYS = ("routes", "strict", "autotune", "verify", "min_region_size", "cache_dir")
+OPTION_KEYS = ("routes", "strict", "autotune", "verify", "min_region_size", "cache_dir", "reduce_overhead")
 LOG_LEVELS = ("warning", "info", "debug")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -26,6 +26,7 @@ ENV_DISABLE = "DISPATCH_DISABLE"
 ENV_STRICT = "DISPATCH_STRICT"
 ENV_AUTOTUNE = "DISPATCH_AUTOTUNE"
 ENV_VERIFY = "DISPATCH_VERIFY"
+ENV_REDUCE_OVERHEAD = "DISPATCH_REDUCE_OVERHEAD"
 ENV_CACHE_DIR = "DISPATCH_CACHE_DIR"
 ENV_LOG = "DISPATCH_LOG"
 
@@ -42,6 +43,8 @@ class Config:
     ``routes`` is None when the planner's own rules choose the order; otherwise
     it is the user's priority list. ``forced`` names the route that
     ``DISPATCH_ROUTE`` (or a one-route ``routes`` list) forces.
+    ``reduce_overhead`` opts into torch's ``mode="reduce-overhead"`` contract:
+    outputs of a captured CUDA graph are valid until the next call (no copy out).
     """
 
     routes: tuple[str, ...] | None = None
@@ -49,6 +52,7 @@ class Config:
     strict: bool = False
     autotune: bool = False
     verify: bool = False
+    reduce_overhead: bool = False
     min_region_size: int = 2
     cache_dir: Path = field(default_factory=default_cache_dir)
     log_level: str = "warning"
@@ -88,7 +92,7 @@ class Config:
                     f"{route_names()}, got {routes!r}"
                 )
             changes["routes"] = tuple(_route_name(r, "options['routes']") for r in routes)
-        for key in ("strict", "autotune", "verify"):
+        for key in ("strict", "autotune", "verify", "reduce_overhead"):
             if key in options:
                 if not isinstance(options[key], bool):
                     raise ConfigError(f"options[{key!r}] must be True or False, got {options[key]!r}")
@@ -114,7 +118,12 @@ class Config:
         if env.get(ENV_DISABLE):
             names = [n.strip() for n in env[ENV_DISABLE].split(",") if n.strip()]
             changes["disabled"] = frozenset(_route_name(n, ENV_DISABLE) for n in names)
-        for var, key in ((ENV_STRICT, "strict"), (ENV_AUTOTUNE, "autotune"), (ENV_VERIFY, "verify")):
+        for var, key in (
+            (ENV_STRICT, "strict"),
+            (ENV_AUTOTUNE, "autotune"),
+            (ENV_VERIFY, "verify"),
+            (ENV_REDUCE_OVERHEAD, "reduce_overhead"),
+        ):
             if var in env:
                 changes[key] = _flag(env[var], var)
         if env.get(ENV_CACHE_DIR):

@@ -185,7 +185,7 @@ def _plan_capture(
         reason = None if route.serves_device(device) else route.device_reason(device)
         if reason is None and facts.needs_grad and not route.trains:
             reason = f"{facts.kind} graph of a training step: {wrapper} captures inference graphs only"
-        reason = reason or route.capture_reason(getattr(gm, region.name))
+        reason = reason or route.capture_reason(getattr(gm, region.name), registry.get(region.route))
         if reason is None:
             region.inner_route = region.route
             region.route = wrapper

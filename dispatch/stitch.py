@@ -155,7 +155,7 @@ class RegionRunner:
         chosen = registry.get(route)
         if chosen.wraps:
             inner = registry.get(self.region.inner_route).compile(self.gm, args)
-            return chosen.wrap(inner, self.gm, args)
+            return chosen.wrap(inner, self.gm, args, outputs_survive=not self.config.reduce_overhead)
         return chosen.compile(self.gm, args)
 
     def swap(self, fn: CompiledFn | None) -> CompiledFn | None:

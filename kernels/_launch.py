@@ -9,6 +9,7 @@ each thread holds a handful of elements: 4 warps up to 1024, 8 up to 4096,
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -31,6 +32,22 @@ def check_device(*tensors: torch.Tensor) -> None:
             f"kernels: a {t.device.type} tensor needs CUDA (or CPU under TRITON_INTERPRET=1); "
             "run this op eagerly instead"
         )
+
+
+def on_device(tensor: torch.Tensor) -> contextlib.AbstractContextManager[object]:
+    """Launch on ``tensor``'s device: Triton launches on the *current* CUDA
+    device, which for a region on ``cuda:1`` is usually ``cuda:0``."""
+    if tensor.device.type == "cuda":
+        return torch.cuda.device(tensor.device)
+    return contextlib.nullcontext()
+
+
+def max_offset(t: torch.Tensor) -> int:
+    """The largest element offset a kernel computes into ``t`` (its strided extent)."""
+    return sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()) if size > 0)
+
+
+INT32_LIMIT = 2**31 - 1
 
 
 def next_power_of_2(n: int) -> int:

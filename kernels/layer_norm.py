@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import as_rows, check_device, row_block
+from ._launch import as_rows, check_device, on_device, row_block
 
 
 @triton.jit
@@ -94,22 +94,23 @@ def layer_norm(
         w = weight.reshape(-1).contiguous() if weight is not None else x2
         b = bias.reshape(-1).contiguous() if bias is not None else x2
         BLOCK, warps = row_block(n_cols, block)
-        _layer_norm_kernel[(rows,)](
-            out,
-            mean,
-            rstd,
-            x2,
-            w,
-            b,
-            x2.stride(0),
-            out.stride(0),
-            n_cols,
-            eps,
-            HAS_W=weight is not None,
-            HAS_B=bias is not None,
-            BLOCK=BLOCK,
-            num_warps=warps,
-        )
+        with on_device(x):
+            _layer_norm_kernel[(rows,)](
+                out,
+                mean,
+                rstd,
+                x2,
+                w,
+                b,
+                x2.stride(0),
+                out.stride(0),
+                n_cols,
+                eps,
+                HAS_W=weight is not None,
+                HAS_B=bias is not None,
+                BLOCK=BLOCK,
+                num_warps=warps,
+            )
     return out.view(x.shape), mean, rstd
 
 

@@ -5,7 +5,8 @@
       -> rsqrt -> mul(x, .) -> [mul(., weight)] -> [_to_copy(., dtype)]
 
 computed in float32 in one kernel; the output dtype is what the pattern's last
-node returns.
+node returns. The weight is either a full (N,) scale or one element broadcast
+over the row (read with stride 0).
 """
 
 from __future__ import annotations
@@ -14,12 +15,21 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import as_rows, check_device, row_block
+from ._launch import as_rows, check_device, on_device, row_block
 
 
 @triton.jit
 def _rms_norm_kernel(
-    out_ptr, in_ptr, w_ptr, in_stride, out_stride, n_cols, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr
+    out_ptr,
+    in_ptr,
+    w_ptr,
+    in_stride,
+    out_stride,
+    w_stride,
+    n_cols,
+    eps,
+    HAS_W: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     src = in_ptr + row * in_stride
@@ -36,7 +46,7 @@ def _rms_norm_kernel(
         mask = cols < n_cols
         y = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32) * rstd
         if HAS_W:
-            y = y * tl.load(w_ptr + cols, mask=mask, other=1.0).to(tl.float32)
+            y = y * tl.load(w_ptr + cols * w_stride, mask=mask, other=1.0).to(tl.float32)
         tl.store(dst + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -48,31 +58,37 @@ def rms_norm(
     out_dtype: torch.dtype | None = None,
     block: int | None = None,
 ) -> torch.Tensor:
-    """RMS norm over the last dimension, with an optional elementwise weight."""
+    """RMS norm over the last dimension, with an optional weight of N elements or one."""
     check_device(x, weight)
     n_cols = x.shape[-1]
+    if weight is not None and weight.numel() not in (1, n_cols):
+        raise ValueError(
+            f"kernels.rms_norm: weight {tuple(weight.shape)} is neither ({n_cols},) nor one element"
+        )
     x2 = as_rows(x, n_cols)
     out = torch.empty(x2.shape, dtype=out_dtype or x.dtype, device=x.device)
     if x2.numel():
         BLOCK, warps = row_block(n_cols, block)
-        w = weight.contiguous() if weight is not None else x2
-        _rms_norm_kernel[(x2.shape[0],)](
-            out,
-            x2,
-            w,
-            x2.stride(0),
-            out.stride(0),
-            n_cols,
-            eps,
-            HAS_W=weight is not None,
-            BLOCK=BLOCK,
-            num_warps=warps,
-        )
+        w = weight.reshape(-1).contiguous() if weight is not None else x2
+        with on_device(x):
+            _rms_norm_kernel[(x2.shape[0],)](
+                out,
+                x2,
+                w,
+                x2.stride(0),
+                out.stride(0),
+                1 if w.numel() == n_cols else 0,
+                n_cols,
+                eps,
+                HAS_W=weight is not None,
+                BLOCK=BLOCK,
+                num_warps=warps,
+            )
     return out.view(x.shape)
 
 
 def reference(x, weight, eps, out_dtype=None):
-    y = torch.nn.functional.rms_norm(
-        x.float(), (x.shape[-1],), weight.float() if weight is not None else None, eps
-    )
+    y = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), None, eps)
+    if weight is not None:
+        y = y * weight.float().reshape(-1)
     return y.to(out_dtype or x.dtype)

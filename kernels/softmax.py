@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import as_rows, check_device, row_block
+from ._launch import as_rows, check_device, on_device, row_block
 
 
 @triton.jit
@@ -58,9 +58,17 @@ def softmax(x: torch.Tensor, dim: int = -1, *, block: int | None = None) -> torc
     if x2.numel() == 0:
         return out.view(x.shape)
     BLOCK, warps = row_block(n_cols, block)
-    _softmax_kernel[(x2.shape[0],)](
-        out, x2, x2.stride(0), out.stride(0), n_cols, BLOCK=BLOCK, ONE_PASS=n_cols <= BLOCK, num_warps=warps
-    )
+    with on_device(x):
+        _softmax_kernel[(x2.shape[0],)](
+            out,
+            x2,
+            x2.stride(0),
+            out.stride(0),
+            n_cols,
+            BLOCK=BLOCK,
+            ONE_PASS=n_cols <= BLOCK,
+            num_warps=warps,
+        )
     return out.view(x.shape)
 
 

@@ -121,7 +121,9 @@ def test_capture_check_rejects_a_region_that_mutates_its_input():
     with mode:
         mutated.meta["val"] = torch.empty(4, device="cuda")
     graph.output((mutated,))
-    reason = registry.get("cudagraphs").capture_reason(torch.fx.GraphModule(torch.nn.Module(), graph))
+    reason = registry.get("cudagraphs").capture_reason(
+        torch.fx.GraphModule(torch.nn.Module(), graph), registry.get("eager")
+    )
     assert reason is not None and "mutated" in reason
 
 
@@ -150,7 +152,9 @@ def test_capture_check_rejects_a_region_spanning_two_devices():
             ph.meta["val"] = torch.randn(4, device=f"cuda:{i}")
         nodes.append(ph)
     graph.output(tuple(nodes))
-    reason = registry.get("cudagraphs").capture_reason(torch.fx.GraphModule(torch.nn.Module(), graph))
+    reason = registry.get("cudagraphs").capture_reason(
+        torch.fx.GraphModule(torch.nn.Module(), graph), registry.get("eager")
+    )
     assert "several CUDA devices" in reason
 
 

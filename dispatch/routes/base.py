@@ -46,6 +46,8 @@ class Route:
     min_region_size: int | None = None
     #: a wrapping route (cudagraphs) takes whole regions of other routes, not ops.
     wraps: bool = False
+    #: why a region of this route cannot run inside a captured CUDA graph (None: it can).
+    capture_refusal: str | None = None
 
     def available(self) -> Availability:
         return Availability(True, torch.__version__)
@@ -72,3 +74,32 @@ class Route:
 
     def __repr__(self) -> str:
         return f"<route {self.name}>"
+
+
+class WrappingRoute(Route):
+    """A route that runs another route's compiled region in a new way (a CUDA
+    graph capture) instead of running ops itself."""
+
+    wraps = True
+
+    def supports(self, node: torch.fx.Node, graph: GraphFacts) -> str | None:
+        return f"{self.name} wraps whole regions; it runs no op itself"
+
+    def capture_reason(self, gm: torch.fx.GraphModule, inner: Route) -> str | None:
+        """None if ``gm``, a region that ``inner`` runs, can be wrapped, else why not."""
+        raise NotImplementedError
+
+    def wrap(
+        self,
+        inner: CompiledFn,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        outputs_survive: bool = True,
+    ) -> CompiledFn:
+        """``inner`` (the region compiled by its route) wrapped. With
+        ``outputs_survive`` an output handed back is never changed by a later call."""
+        raise NotImplementedError
+
+    def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+        raise RuntimeError(f"{self.name} wraps another route: use wrap(inner, gm, inputs)")

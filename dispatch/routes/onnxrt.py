@@ -52,6 +52,7 @@ class OnnxRoute(Route):
     devices = frozenset({"cpu", "cuda"})
     trains = False
     keeps_aliases = False
+    capture_refusal = "ONNX Runtime's CUDA provider runs on its own stream, so a torch CUDA graph would record none of its work"
 
     def available(self) -> Availability:
         missing = []

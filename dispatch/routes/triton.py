@@ -1,8 +1,10 @@
 """The ``triton`` route: the aten patterns that ``kernels/`` implements.
 
 It claims exactly the nodes of a pattern match (``triton_patterns.py``) and
-nothing else. A region is compiled by rewriting its graph: each match's nodes
-are replaced by one call to its Triton kernel. It runs on CUDA, and on CPU
+nothing else; a pattern whose shapes, dtypes, strides or uses its kernel does
+not handle is refused at plan time with the reason. A region is compiled by
+rewriting its graph: each match's nodes are replaced by one call to its
+Triton kernel. It runs on CUDA, and on CPU
 only under ``TRITON_INTERPRET=1`` (the Triton interpreter, for tests).
 """
 
@@ -17,7 +19,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..inspect import META_PATTERN, GraphFacts
+from ..inspect import META_PATTERN, META_PATTERN_REFUSED, GraphFacts
 from .base import Availability, CompiledFn, Route
 from .registry import registry
 from .triton_patterns import PatternMatch, find_patterns
@@ -52,18 +54,25 @@ class TritonRoute(Route):
         return f"device {device} is not served by triton (cuda)"
 
     def prepare(self, gm: torch.fx.GraphModule, graph: GraphFacts) -> None:
-        for i, match in enumerate(find_patterns(gm)):
+        for node in gm.graph.nodes:
+            node.meta.pop(META_PATTERN, None)
+            node.meta.pop(META_PATTERN_REFUSED, None)
+        matches, refusals = find_patterns(gm)
+        for refusal in refusals:
+            for node in refusal.nodes:
+                node.meta[META_PATTERN_REFUSED] = f"kernels/ {refusal.name} pattern refused: {refusal.reason}"
+        for i, match in enumerate(matches):
             for node in match.nodes:
                 node.meta[META_PATTERN] = (i, match.name)
 
     def supports(self, node: torch.fx.Node, graph: GraphFacts) -> str | None:
         if META_PATTERN in node.meta:
             return None
-        return f"no kernels/ pattern covers {node.target}"
+        return node.meta.get(META_PATTERN_REFUSED, f"no kernels/ pattern covers {node.target}")
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
         module = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
-        matches = find_patterns(module)
+        matches, _ = find_patterns(module)
         covered = {n for m in matches for n in m.nodes}
         loose = [
             n
@@ -74,17 +83,27 @@ class TritonRoute(Route):
             raise RuntimeError(
                 f"triton: region holds ops outside any kernels/ pattern: {sorted({str(n.target) for n in loose})}"
             )
+        replaced: dict[torch.fx.Node, torch.fx.Node] = {}
         for match in matches:
-            _rewrite(module.graph, match)
+            _rewrite(module.graph, match, replaced)
         module.graph.eliminate_dead_code()
+        module.graph.lint()
         module.recompile()
         return module.forward
 
 
-def _rewrite(graph: torch.fx.Graph, match: PatternMatch) -> None:
+def _rewrite(
+    graph: torch.fx.Graph, match: PatternMatch, replaced: dict[torch.fx.Node, torch.fx.Node]
+) -> None:
+    """Replace ``match`` by one kernel call placed where its output was.
+
+    An input may be the output of a match rewritten before: ``replaced`` maps it
+    to that match's call (the match still holds the erased node)."""
+    inputs = tuple(replaced.get(n, n) for n in match.inputs)
     with graph.inserting_after(match.output):
-        call = graph.call_function(match.call(), tuple(match.inputs))
+        call = graph.call_function(match.call(), inputs)
     match.output.replace_all_uses_with(call)
+    replaced[match.output] = call
     for node in reversed(match.nodes):
         if not node.users:
             graph.erase_node(node)

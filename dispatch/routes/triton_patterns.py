@@ -1,9 +1,14 @@
 """The aten patterns that ``kernels/`` implements, matched on the aten graph.
 
-``find_patterns(gm)`` returns every match as a ``PatternMatch``: the nodes it
-covers, the node whose value it produces, and how to call the kernel. Matching
-looks at op targets, arguments and users only, never at module names. An
-intermediate node is absorbed only when nothing outside the match uses it.
+``find_patterns(gm)`` returns every match as a ``PatternMatch`` (the nodes it
+covers, the node whose value it produces, how to call the kernel) and every
+pattern it saw but refused as a ``Refusal`` with the reason. Matching looks at
+op targets, arguments, users and the fake values in ``node.meta["val"]``, never
+at module names. A match is claimed only after everything its kernel assumes
+is checked here, at plan time (``triton_checks.py``): static shapes, one
+device, supported dtypes and result-type promotion, broadcasting, the output's
+strides, intermediates used nowhere else, and the graph still in topological
+order once the match is replaced by one call.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch
 import torch.fx
 
 from ..inspect import META_VAL
+from .triton_checks import FLOATS, common_checks, dtype_of, shape_of, value
 
 aten = torch.ops.aten
 
@@ -43,7 +49,7 @@ class PatternMatch:
         return list(found)
 
     def call(self) -> Callable[..., Any]:
-        """A function of the input nodes' values that runs the kernel."""
+        """A function of the input nodes' values (in ``inputs`` order) that runs the kernel."""
         inputs = self.inputs
         kernel, args, kwargs = self.kernel, self.args, self.kwargs
 
@@ -56,37 +62,51 @@ class PatternMatch:
         return run
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A pattern seen at ``nodes`` and left to other routes, with the reason ``explain`` shows."""
+
+    name: str
+    nodes: tuple[torch.fx.Node, ...]
+    reason: str
+
+
+Found = PatternMatch | Refusal | None
+
+
 def _only_user(node: torch.fx.Node, user: torch.fx.Node) -> bool:
     return list(node.users) == [user]
 
 
 def _last_dim(node: torch.fx.Node, dim: Any) -> bool:
-    val = node.meta.get(META_VAL)
+    val = value(node)
     rank = val.dim() if isinstance(val, torch.Tensor) else None
     dims = dim if isinstance(dim, (list, tuple)) else [dim]
     return rank is not None and len(dims) == 1 and dims[0] in (-1, rank - 1)
 
 
-def _dtype(node: torch.fx.Node) -> torch.dtype | None:
-    val = node.meta.get(META_VAL)
-    return val.dtype if isinstance(val, torch.Tensor) else None
-
-
-def _softmax(node: torch.fx.Node) -> PatternMatch | None:
+def _softmax(node: torch.fx.Node) -> Found:
     if node.target is not aten._softmax.default:
         return None
     x, dim, half_to_float = node.args
     if half_to_float or not _last_dim(x, dim):
         return None
+    if dtype_of(x) not in FLOATS:
+        return Refusal("softmax", (node,), f"input dtype {dtype_of(x)}: the kernel takes {_names(FLOATS)}")
     from kernels.softmax import softmax
 
     return PatternMatch("softmax", [node], node, softmax, (x,))
 
 
-def _layer_norm(node: torch.fx.Node) -> PatternMatch | None:
+def _layer_norm(node: torch.fx.Node) -> Found:
     if node.target is not aten.native_layer_norm.default:
         return None
     x, shape, weight, bias, eps = node.args
+    for name, arg in (("input", x), ("weight", weight), ("bias", bias)):
+        if arg is not None and dtype_of(arg) not in FLOATS:
+            return Refusal(
+                "layer_norm", (node,), f"{name} dtype {dtype_of(arg)}: the kernel takes {_names(FLOATS)}"
+            )
     from kernels.layer_norm import layer_norm
 
     mean = node.meta[META_VAL][1]
@@ -100,7 +120,7 @@ def _layer_norm(node: torch.fx.Node) -> PatternMatch | None:
     )
 
 
-def _rms_norm(node: torch.fx.Node) -> PatternMatch | None:
+def _rms_norm(node: torch.fx.Node) -> Found:
     """pow(x0, 2) -> mean(-1, keepdim) -> add(eps) -> rsqrt -> mul(x0, .) [-> mul(w)] [-> _to_copy]."""
     if node.target is not aten.rsqrt.default:
         return None
@@ -108,6 +128,7 @@ def _rms_norm(node: torch.fx.Node) -> PatternMatch | None:
     if not (
         isinstance(add, torch.fx.Node)
         and add.target in (aten.add.Scalar, aten.add.Tensor)
+        and not add.kwargs
         and isinstance(add.args[1], float)
         and _only_user(add, node)
     ):
@@ -119,6 +140,8 @@ def _rms_norm(node: torch.fx.Node) -> PatternMatch | None:
     keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
     if not (
         keepdim
+        and mean.kwargs.get("dtype") is None
+        and isinstance(pow_, torch.fx.Node)
         and _last_dim(pow_, mean.args[1])
         and pow_.target is aten.pow.Tensor_Scalar
         and pow_.args[1] == 2
@@ -135,8 +158,7 @@ def _rms_norm(node: torch.fx.Node) -> PatternMatch | None:
     if len(nxt) == 1 and nxt[0].target is aten.mul.Tensor:
         other = [a for a in nxt[0].args if a is not out]
         w = other[0] if len(other) == 1 else None
-        wval = w.meta.get(META_VAL) if isinstance(w, torch.fx.Node) else None
-        if isinstance(wval, torch.Tensor) and wval.dim() == 1:
+        if isinstance(w, torch.fx.Node) and _row_scale(w, out):
             weight, out = w, nxt[0]
             nodes.append(out)
             nxt = list(out.users)
@@ -144,22 +166,34 @@ def _rms_norm(node: torch.fx.Node) -> PatternMatch | None:
     if (
         x0.target is aten._to_copy.default
         and set(x0.users) <= set(nodes)
-        and x0.kwargs.get("dtype") == torch.float32
+        and set(x0.kwargs) == {"dtype"}
+        and x0.kwargs["dtype"] == torch.float32
     ):
         x = x0.args[0]
         nodes.insert(0, x0)
-    if (
-        len(nxt) == 1
-        and nxt[0].target is aten._to_copy.default
-        and set(nxt[0].kwargs) <= {"dtype", "layout", "device"}
-    ):
+    if len(nxt) == 1 and nxt[0].target is aten._to_copy.default and set(nxt[0].kwargs) == {"dtype"}:
         out = nxt[0]
         nodes.append(out)
+    for name, arg in (("input", x), ("weight", weight), ("output", out)):
+        if arg is not None and dtype_of(arg) not in FLOATS:
+            return Refusal(
+                "rms_norm", tuple(nodes), f"{name} dtype {dtype_of(arg)}: the kernel takes {_names(FLOATS)}"
+            )
     from kernels.rms_norm import rms_norm
 
     return PatternMatch(
-        "rms_norm", nodes, out, rms_norm, (x, weight, add.args[1]), {"out_dtype": _dtype(out)}
+        "rms_norm", nodes, out, rms_norm, (x, weight, add.args[1]), {"out_dtype": dtype_of(out)}
     )
+
+
+def _row_scale(w: torch.fx.Node, out: torch.fx.Node) -> bool:
+    """A scale the kernel applies: N elements or one, broadcast along the last dim only."""
+    w_shape, out_shape = shape_of(w), shape_of(out)
+    if w_shape is None or out_shape is None or len(w_shape) > len(out_shape):
+        return False
+    n = out_shape[-1]
+    leading_ones = all(s == 1 for s in w_shape[:-1])
+    return leading_ones and (not w_shape or w_shape[-1] in (1, n))
 
 
 _ACTIVATIONS = {
@@ -169,9 +203,9 @@ _ACTIVATIONS = {
 }
 
 
-def _linear_act(node: torch.fx.Node) -> PatternMatch | None:
+def _linear_act(node: torch.fx.Node) -> Found:
     """act(addmm(bias, a, b)) or act(add(mm(a, b), bias)), with an optional view between."""
-    if node.target not in _ACTIVATIONS or len(node.args) != 1:
+    if node.target not in _ACTIVATIONS or len(node.args) != 1 or set(node.kwargs) - {"approximate"}:
         return None
     activation = _ACTIVATIONS[node.target](node)
     src = node.args[0]
@@ -189,17 +223,22 @@ def _linear_act(node: torch.fx.Node) -> PatternMatch | None:
         bias, a, b = src.args
         nodes.insert(0, src)
     elif src.target is aten.add.Tensor and not src.kwargs:
-        mm = next((x for x in src.args if isinstance(x, torch.fx.Node) and x.target is aten.mm.default), None)
-        if mm is None or not _only_user(mm, src):
+        mms = [x for x in src.args if isinstance(x, torch.fx.Node) and x.target is aten.mm.default]
+        if len(mms) != 1 or len(src.args) != 2:
+            return None  # no mm, or one mm added to itself: not a matmul plus a bias
+        (mm,) = mms
+        if not _only_user(mm, src):
             return None
         bias = next(x for x in src.args if x is not mm)
-        bval = bias.meta.get(META_VAL) if isinstance(bias, torch.fx.Node) else None
-        if not isinstance(bval, torch.Tensor) or bval.dim() != 1:
+        if not isinstance(bias, torch.fx.Node):
             return None
         a, b = mm.args
         nodes[:0] = [mm, src]
     else:
         return None
+    reason = _linear_reason(a, b, bias, src)
+    if reason is not None:
+        return Refusal(f"linear_{activation}", tuple(nodes), reason)
     from kernels.matmul import linear_act
 
     first = nodes[0]
@@ -209,8 +248,29 @@ def _linear_act(node: torch.fx.Node) -> PatternMatch | None:
         nodes,
         node,
         _linear_act_view,
-        (linear_act, a_view, b_view, bias, activation, view_shape),
+        (linear_act, a_view, b_view, bias, activation, view_shape, dtype_of(node)),
     )
+
+
+def _linear_reason(a: Any, b: Any, bias: Any, add: torch.fx.Node) -> str | None:
+    """Why the matmul kernel cannot compute ``add``'s value, or None."""
+    for name, arg in (("a", a), ("b", b), ("bias", bias)):
+        if dtype_of(arg) not in FLOATS:
+            return f"{name} dtype {dtype_of(arg)}: the kernel takes {_names(FLOATS)}"
+    if dtype_of(a) != dtype_of(b):
+        return f"matmul of {dtype_of(a)} and {dtype_of(b)}"
+    out_shape, bias_shape = shape_of(add), shape_of(bias)
+    if out_shape is None or bias_shape is None or len(out_shape) != 2:
+        return "the matmul's result is not a 2-D tensor"
+    try:
+        broadcast = tuple(torch.broadcast_shapes(bias_shape, out_shape))
+    except RuntimeError:
+        broadcast = None
+    if broadcast != tuple(out_shape) or len(bias_shape) > 2:
+        return f"bias {tuple(bias_shape)} does not broadcast to the matmul's {tuple(out_shape)}"
+    if dtype_of(add) != torch.promote_types(dtype_of(a), dtype_of(bias)):
+        return f"result dtype {dtype_of(add)} is not the promotion of {dtype_of(a)} and {dtype_of(bias)}"
+    return None
 
 
 def _absorb_view(arg: Any, user: torch.fx.Node, nodes: list[torch.fx.Node]) -> tuple[Any, ...]:
@@ -232,25 +292,39 @@ def _replay(view: tuple[Any, ...]) -> Any:
     return value if op is None else op(value, *rest)
 
 
-def _linear_act_view(kernel, a_view, b_view, bias, activation, view_shape):
-    out = kernel(_replay(a_view), _replay(b_view), bias, activation)
+def _linear_act_view(kernel, a_view, b_view, bias, activation, view_shape, out_dtype):
+    out = kernel(_replay(a_view), _replay(b_view), bias, activation, out_dtype=out_dtype)
     return out.view(view_shape) if view_shape is not None else out
+
+
+def _names(dtypes: frozenset[torch.dtype]) -> str:
+    return "/".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
 
 
 _MATCHERS = (_linear_act, _rms_norm, _softmax, _layer_norm)
 
 
-def find_patterns(gm: torch.fx.GraphModule) -> list[PatternMatch]:
-    """Every non-overlapping match in ``gm``, in graph order."""
+def find_patterns(gm: torch.fx.GraphModule) -> tuple[list[PatternMatch], list[Refusal]]:
+    """Every non-overlapping match in ``gm`` in graph order, and every refused one."""
     matches: list[PatternMatch] = []
+    refusals: list[Refusal] = []
     taken: set[torch.fx.Node] = set()
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem:
             continue
         for matcher in _MATCHERS:
-            match = matcher(node)
-            if match is not None and not taken.intersection(match.nodes):
-                matches.append(match)
-                taken.update(match.nodes)
-                break
-    return matches
+            found = matcher(node)
+            if found is None:
+                continue
+            if isinstance(found, PatternMatch):
+                reason = common_checks(found.nodes, found.output, found.inputs, order)
+                if reason is not None:
+                    found = Refusal(found.name, tuple(found.nodes), reason)
+            if isinstance(found, Refusal):
+                refusals.append(found)
+            elif not taken.intersection(found.nodes):
+                matches.append(found)
+                taken.update(found.nodes)
+            break
+    return matches, refusals

@@ -1,0 +1,159 @@
+"""The cudagraphs route without a GPU: ``wrap()`` against a stand-in for CUDA
+graph trees that enforces what torch's trees enforce (the boxed calling
+convention, one tree per thread, outputs in a pool that the next replay
+overwrites), and the plan-time refusals."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import dispatch
+from dispatch.routes import registry
+from tests.test_cuda_plan import Launchy, cuda_plan
+
+
+class StandInTrees:
+    """``cudagraphify_impl`` as torch's trees behave: the model gets its inputs as
+    one list, and must have emptied it when it returns (torch asserts
+    ``len(inputs) == 0`` after warm-up and capture); every replay writes the
+    outputs into the same pool tensors, while an output that is an input is
+    handed back as that input; each thread records its own tree."""
+
+    def __init__(self) -> None:
+        self.captures: list[int] = []
+
+    def __call__(self, model, inputs, static_input_idxs, **kwargs):
+        assert kwargs["is_inference"] and not kwargs["is_backward"]
+        self.captures.append(threading.get_ident())
+        pool: list[torch.Tensor] = []
+
+        def replay(new_inputs: list) -> list:
+            assert isinstance(new_inputs, list)
+            given = {t.untyped_storage().data_ptr() for t in new_inputs}
+            out = model(new_inputs)
+            assert len(new_inputs) == 0, "the boxed function must clear its inputs"
+            if not pool:
+                pool.extend(o.clone() for o in out)
+            for kept, fresh in zip(pool, out):
+                kept.copy_(fresh)
+            return [o if o.untyped_storage().data_ptr() in given else p for o, p in zip(out, pool)]
+
+        return replay
+
+
+@pytest.fixture
+def trees(monkeypatch):
+    import torch._inductor.cudagraph_trees as cudagraph_trees
+
+    stand_in = StandInTrees()
+    monkeypatch.setattr(cudagraph_trees, "cudagraphify_impl", stand_in)
+    return stand_in
+
+
+def _region():
+    gm = torch.fx.symbolic_trace(lambda x: (x.sin() * 2,))
+    return gm, gm.forward
+
+
+def test_wrap_follows_the_boxed_convention_and_outputs_survive(trees):
+    gm, inner = _region()
+    run = registry.get("cudagraphs").wrap(inner, gm, [torch.randn(5)])
+    x, y = torch.randn(5), torch.randn(5)
+    (first,) = run(x)
+    (second,) = run(y)
+    torch.testing.assert_close(first, x.sin() * 2)  # not overwritten by the second call
+    torch.testing.assert_close(second, y.sin() * 2)
+
+
+def test_reduce_overhead_contract_hands_out_the_pool(trees):
+    gm, inner = _region()
+    run = registry.get("cudagraphs").wrap(inner, gm, [torch.randn(5)], outputs_survive=False)
+    x, y = torch.randn(5), torch.randn(5)
+    (first,) = run(x)
+    run(y)
+    torch.testing.assert_close(first, y.sin() * 2)  # valid until the next call, as documented
+
+
+def test_an_output_that_is_an_input_is_not_copied(trees):
+    gm = torch.fx.symbolic_trace(lambda x: (x, x + 1))
+    run = registry.get("cudagraphs").wrap(gm.forward, gm, [torch.randn(3)])
+    x = torch.randn(3)
+    same, _ = run(x)
+    assert same.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+
+
+def test_each_thread_captures_its_own_graph(trees):
+    gm, inner = _region()
+    run = registry.get("cudagraphs").wrap(inner, gm, [torch.randn(4)])
+    results: dict[int, torch.Tensor] = {}
+
+    def call(i: int) -> None:
+        x = torch.full((4,), float(i))
+        for _ in range(3):
+            (results[i],) = run(x)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(trees.captures)) == 3 and len(trees.captures) == 3
+    for i, out in results.items():
+        torch.testing.assert_close(out, torch.full((4,), float(i)).sin() * 2)
+
+
+def test_reduce_overhead_option_and_variable():
+    from dispatch.config import Config
+
+    assert Config.resolve({}, env={}).reduce_overhead is False
+    assert Config.resolve({"reduce_overhead": True}, env={}).reduce_overhead is True
+    assert Config.resolve({}, env={"DISPATCH_REDUCE_OVERHEAD": "1"}).reduce_overhead is True
+    with pytest.raises(dispatch.ConfigError, match="DISPATCH_REDUCE_OVERHEAD"):
+        Config.resolve({}, env={"DISPATCH_REDUCE_OVERHEAD": "sometimes"})
+    with pytest.raises(dispatch.ConfigError, match="reduce_overhead"):
+        Config.resolve({"reduce_overhead": "yes"}, env={})
+
+
+def test_onnxrt_regions_are_never_captured(monkeypatch):
+    import dispatch.routes.onnxrt as onnxrt
+
+    monkeypatch.setattr(onnxrt, "_providers", lambda: ("CUDAExecutionProvider", "CPUExecutionProvider"))
+    plan = cuda_plan(Launchy(), (8, 16), routes=["onnxrt", "eager", "cudagraphs"])
+    onnx_regions = [r for r in plan.regions if r.route == "onnxrt"]
+    assert onnx_regions, plan
+    for region in onnx_regions:
+        assert "its own stream" in region.rejected["cudagraphs"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_cudagraphs_is_unavailable_without_cuda_but_still_planned_on_cuda_tensors():
+    status = dispatch.available_routes()["cudagraphs"]
+    assert status["available"] is False and "no CUDA device" in status["reason"]
+    assert [r.route for r in cuda_plan(Launchy(), (8, 16)).regions] == ["cudagraphs"]
+
+
+def test_timing_waits_for_the_cuda_device(monkeypatch):
+    """A CUDA call returns once its kernels are queued: timing must synchronize."""
+    import time
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dispatch import autotune
+
+    with FakeTensorMode():
+        x = torch.empty(4, device="cuda")
+    waits = []
+
+    def synchronize(device=None):  # the queued work finishing
+        waits.append(device)
+        time.sleep(2e-3)
+
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    monkeypatch.setattr(autotune, "PAUSE_S", 0.0)
+    monkeypatch.setattr(autotune, "BATCHES", 2)
+    seconds = autotune.median_call_s({"queued": lambda x: None}, [x])
+    assert waits and all(d.type == "cuda" for d in waits)
+    assert seconds["queued"] > 1e-4  # the device's time is counted, not only the launch
