@@ -19,7 +19,6 @@ META_VAL = "val"  # torch's own key: the fake value a node produces
 META_STATIC = "dispatch_static"  # ours: a placeholder fed by a parameter or buffer
 META_PATTERN = "dispatch_pattern"  # ours: the kernels/ pattern instance a node belongs to
 META_PATTERN_REFUSED = "dispatch_pattern_refused"  # ours: why a kernels/ pattern at a node was refused
-META_ALONE = "dispatch_alone"  # ours, on a region's GraphModule: the only region of its graph
 
 GRAPH_INFERENCE = "inference"
 GRAPH_FORWARD = "forward"

@@ -23,7 +23,6 @@ from .autotune import check_close, format_seconds, measure
 from .cache import ArtifactCache, region_key, using
 from .config import Config
 from .errors import RouteFailedError
-from .inspect import META_ALONE
 from .region import GraphPlan, Region
 from .routes import CompiledFn, registry
 
@@ -48,7 +47,6 @@ def stitch(gm: torch.fx.GraphModule, plan: GraphPlan, config: Config) -> torch.f
     about 4 µs per region to every call (measured)."""
     for region in plan.regions:
         sub = gm.get_submodule(region.name)
-        sub.meta[META_ALONE] = len(plan.regions) == 1
         delattr(gm, region.name)
         setattr(gm, region.name, RegionRunner(sub, region, config))
     return gm

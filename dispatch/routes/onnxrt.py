@@ -25,7 +25,6 @@ import torch.fx
 
 from ..cache import current_cache, region_key, tensors_digest
 from ..inspect import (
-    META_ALONE,
     META_STATIC,
     GraphFacts,
     first_device,
@@ -167,11 +166,11 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
         # Measured (benchmarks/README.md): on tiny tensors ORT's thread pool
         # costs more than it parallelises.
         options.intra_op_num_threads = 1
-    if not gm.meta.get(META_ALONE, False):
-        # ORT's idle workers spin, waiting for the next run: that wins when ORT
-        # runs back to back, and steals the cores from torch's own threads when
-        # eager regions run in between (measured, benchmarks/README.md).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # ORT's workers spin while a run lasts and stop as it returns: left spinning
+    # after it, they took the cores from whatever ran next (eager regions,
+    # Python between Dynamo graphs, the caller's next line); a model with graph
+    # breaks ran 8.0 ms against 0.34 ms (benchmarks/README.md).
+    options.add_session_config_entry("session.force_spinning_stop", "1")
     if device.type == "cuda":
         providers = [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
     else:
