@@ -19,6 +19,7 @@ from .inspect import (
     GraphFacts,
     compute_nodes,
     graph_facts,
+    has_unbacked_size,
     is_view_op,
     node_device_indices,
     op_name,
@@ -33,6 +34,8 @@ from .rules import default_rule
 WHY_DEVICE = "device"
 WHY_UNAVAILABLE = "unavailable"
 WHY_OP = "op"
+
+_LEFT_OUT_OF_CAPTURE = "data-dependent shape: runs eager, outside the CUDA graph capture, so that the rest of the graph is captured"
 
 
 @dataclass
@@ -138,10 +141,13 @@ def choose_routes(
                     choice.why[name] = WHY_DEVICE
             choice.chain = ["eager"] if "eager" in order else []
         else:
+            captured = any(registry.get(name).wraps for name in order) and not facts.needs_grad
             for name in order:
                 if registry.get(name).wraps:
                     continue
                 verdict = route_verdict(registry.get(name), node, device, facts)
+                if verdict is None and captured and name != "eager" and has_unbacked_size(node):
+                    verdict = (WHY_OP, _LEFT_OUT_OF_CAPTURE)
                 if verdict is None:
                     choice.chain.append(name)
                 else:

@@ -28,9 +28,11 @@ _CPU_TRAINING = Rule(
     "CPU training: inductor compiles forward and backward graphs; ONNX Runtime runs inference only",
 )
 _CUDA_INFERENCE = Rule(
-    ("triton", "inductor", "onnxrt", "eager", "cudagraphs"),
-    "CUDA inference: kernels/ patterns on triton, the rest on inductor (which generates Triton); "
-    "capture-safe regions replayed as CUDA graphs; ONNX Runtime only with onnxruntime-gpu",
+    ("inductor", "eager", "cudagraphs"),
+    "CUDA inference starts from torch's best (mode='reduce-overhead'): the graph on inductor, "
+    "replayed as CUDA graphs where capture is safe; kernels/ (triton) and ONNX Runtime cut "
+    "inductor's fusion and ran slower on every real model measured on an H100 "
+    "(../shared/gpu/2026-11-23-h100.md), so they run only where forced or measured (autotune)",
 )
 _CUDA_TRAINING = Rule(("inductor", "eager"), "CUDA training: inductor compiles forward and backward graphs")
 _NOT_YET = Rule(("eager",), "this version routes {device} graphs to eager")

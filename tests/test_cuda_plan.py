@@ -35,21 +35,28 @@ def test_static_graph_is_captured_around_inductor():
     assert region.inner_route == "inductor"
     assert region.devices == {"cuda"}
     assert "cudagraphs" not in region.rejected
-    assert "onnxruntime-gpu" in region.rejected["onnxrt"] or "lower priority" in region.rejected["onnxrt"]
+    assert region.rejected["onnxrt"].startswith("not chosen by rule: CUDA inference starts from torch's best")
+
+
+class Norms(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.up = torch.nn.Linear(16, 32)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.up(self.norm(x))).sin().cos()
+
+
+def test_kernel_patterns_stay_in_inductor_by_default():
+    plan = cuda_plan(Norms(), (4, 16))
+    assert [(r.route, r.inner_route) for r in plan.regions] == [("cudagraphs", "inductor")]
+    assert "not chosen by rule" in plan.regions[0].rejected["triton"]
 
 
 @needs_triton
-def test_kernel_patterns_go_to_triton_inside_the_capture():
-    class Norms(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.norm = torch.nn.LayerNorm(16)
-            self.up = torch.nn.Linear(16, 32)
-
-        def forward(self, x):
-            return torch.nn.functional.gelu(self.up(self.norm(x))).sin().cos()
-
-    plan = cuda_plan(Norms(), (4, 16))
+def test_kernel_patterns_go_to_triton_inside_the_capture_when_allowed_first():
+    plan = cuda_plan(Norms(), (4, 16), routes=["triton", "inductor", "eager", "cudagraphs"])
     inner = {r.inner_route: r for r in plan.regions}
     assert set(inner) == {"triton", "inductor"}
     assert all(r.route == "cudagraphs" for r in plan.regions)
@@ -58,6 +65,95 @@ def test_kernel_patterns_go_to_triton_inside_the_capture():
     )
     assert "aten.sin.default" in inner["inductor"].ops
     assert "no kernels/ pattern covers aten.sin.default" in inner["inductor"].rejected["triton"]
+
+
+class TransformerBlock(torch.nn.Module):
+    """Pre-norm attention and MLP, written out as real models write it."""
+
+    def __init__(self, d: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.d = heads, d
+        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.up, self.down = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, s, d = x.size(0), x.size(1), self.d
+        qkv = self.qkv(self.norm1(x))
+        q, k, v = [
+            qkv.narrow(-1, i * d, d).reshape(b, s, self.heads, d // self.heads).transpose(1, 2)
+            for i in range(3)
+        ]
+        attn = torch.softmax(q @ k.transpose(-2, -1) * (d // self.heads) ** -0.5, dim=-1) @ v
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, s, d))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+class ResNetBlock(torch.nn.Module):
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(c)
+        self.conv2 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return torch.relu(x + self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))))
+
+
+@pytest.mark.parametrize(
+    "model, shape",
+    [(TransformerBlock(), (2, 8, 32)), (ResNetBlock().eval(), (2, 8, 16, 16))],
+    ids=["transformer", "resnet"],
+)
+def test_real_blocks_are_one_captured_inductor_region(model, shape):
+    plan = cuda_plan(model, shape)
+    assert [(r.route, r.inner_route) for r in plan.regions] == [("cudagraphs", "inductor")]
+    assert plan.regions[0].node_count > 5
+
+
+def test_graph_break_pieces_are_each_one_captured_region():
+    """Dynamo cuts ``h = a(x); if h.mean().item() > 0: h = h * 2; return b(h)``
+    into the pieces below; each is captured whole (the trees join them)."""
+    a = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+
+    class Before(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = a
+
+        def forward(self, x):
+            h = self.a(x)
+            return h, h.mean()
+
+    class After(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.b = torch.nn.Linear(16, 16)
+
+        def forward(self, h):
+            return self.b(h * 2)
+
+    for piece in (Before(), After()):
+        plan = cuda_plan(piece, (4, 16))
+        assert [(r.route, r.inner_route) for r in plan.regions] == [("cudagraphs", "inductor")]
+
+
+def test_data_dependent_op_splits_the_capture_only_there():
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            h = self.l(x).sin()
+            return h, torch.masked_select(h, h > 0)  # nonzero has no fake cuda kernel in a CPU build
+
+    plan = cuda_plan(Masked(), (4, 16), mode=FakeTensorMode(shape_env=ShapeEnv()))
+    captured = [r for r in plan.regions if r.route == "cudagraphs"]
+    assert captured and all(r.inner_route == "inductor" for r in captured)
+    (masked,) = [r for r in plan.regions if "aten.masked_select.default" in r.ops]
+    assert masked.route == "eager" and "dynamic shape" in masked.rejected["cudagraphs"]
 
 
 def test_dynamic_shape_graph_is_not_captured():

@@ -122,7 +122,7 @@ def test_regions_never_mix_devices():
     assert {d for r in plan.regions for d in r.devices} == {"cpu", "cuda"}
     (cpu,) = [r for r in plan.regions if r.devices == {"cpu"} and r.route == "onnxrt"]
     assert cpu.ops == ("aten.relu.default", "aten.add.Tensor", "aten.mul.Tensor")
-    (mixed,) = [r for r in plan.regions if "moves data between devices" in r.rejected.get("onnxrt", "")]
+    (mixed,) = [r for r in plan.regions if "moves data between devices" in r.rejected.get("inductor", "")]
     assert mixed.route == "eager" and "aten.mul.Tensor" in mixed.ops
 
 
