@@ -196,7 +196,7 @@ class _GraphCompiler:
         if kind != GRAPH_BACKWARD and len(placeholders) == self.lifted + self.num_inputs:
             names = {self.lifted + i: name for i, name in self.input_names.items()}
             if kind == GRAPH_INFERENCE:
-                mark_static_inputs(gm, self.static_inputs, self.lifted)
+                mark_static_inputs(gm, self.static_inputs, self.lifted, _mutated_inputs())
         try:
             graph_plan, split = plan_graph(gm, kind, self.config, self.graph_index, names)
         except DispatchError as error:
@@ -263,6 +263,18 @@ def _wrapper_is_identity() -> bool:
         and not meta.is_rng_op_functionalized
         and all(_plain(m) for m in meta.subclass_inp_meta)
         and all(_plain(m) for m in getattr(meta, "subclass_fw_graph_out_meta", ()) or ())
+    )
+
+
+def _mutated_inputs() -> frozenset[int]:
+    """Positions of the inputs AOTAutograd saw the graph update in place."""
+    from torch._guards import TracingContext
+
+    meta = getattr(TracingContext.try_get(), "fw_metadata", None)
+    if meta is None:
+        return frozenset()
+    return frozenset(
+        i for i, info in enumerate(meta.input_info) if info.mutates_data or info.mutates_metadata
     )
 
 

@@ -124,13 +124,20 @@ def input_names(dynamo_gm: torch.fx.GraphModule) -> dict[int, str]:
     return {i: re.sub(r"^(args|kwargs)_(\w+)$", r"\1[\2]", name) for i, name in enumerate(names)}
 
 
-def mark_static_inputs(aten_gm: torch.fx.GraphModule, positions: frozenset[int], lifted: int) -> None:
+def mark_static_inputs(
+    aten_gm: torch.fx.GraphModule,
+    positions: frozenset[int],
+    lifted: int,
+    mutated: frozenset[int] = frozenset(),
+) -> None:
     """Flag the aten graph's placeholders fed by parameters or buffers.
 
     AOTAutograd puts ``lifted`` parameters of the Dynamo module first, then the
-    Dynamo graph's inputs in order."""
+    Dynamo graph's inputs in order. A buffer the graph itself updates in place
+    (``mutated``: a counter, running statistics) changes on every call, so it is
+    not static."""
     for i, node in enumerate(aten_gm.graph.find_nodes(op="placeholder")):
-        if i < lifted or (i - lifted) in positions:
+        if (i < lifted or (i - lifted) in positions) and i not in mutated:
             node.meta[META_STATIC] = True
 
 
