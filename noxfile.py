@@ -1,4 +1,4 @@
-"""Sessions: tests, slow, fuzz, gpu, lint, demo, bench.
+"""Sessions: tests, slow, fuzz, gpu, lint, demo, bench, zoo.
 
 Every session pins the CPU build of torch that lies on this machine's disk
 (torch==2.13.0) before installing the package, so an unpinned ``torch`` never
@@ -80,6 +80,25 @@ def demo(session: nox.Session) -> None:
     """The main job: compile a small model with backend="auto", run it, show what ran where."""
     install(session)
     session.run("python", "examples/demo.py", *session.posargs)
+
+
+# The zoo's optional dependencies, pinned. transformers does not ask for torch;
+# timm and torchvision (which both libraries import) would pull a CUDA build of
+# torch, so they go in without their dependencies. torchvision's wheels on the
+# package index are CUDA builds whose kernels cannot load beside the CPU build:
+# benchmarks/zoo/models.py lets it import without them (no zoo model uses them).
+ZOO_WITH_DEPS = ("transformers==5.23.0", "pillow", "pyyaml", "safetensors", "huggingface_hub")
+ZOO_WITHOUT_DEPS = ("torchvision==0.28.0", "timm==1.0.31")
+
+
+@nox.session(python=PYTHON)
+def zoo(session: nox.Session) -> None:
+    """Real models (transformers, timm) and real code patterns under every peer and
+    auto; results under benchmarks/results/zoo-*. Arguments go to benchmarks.zoo.run."""
+    install(session, "bench")
+    session.install(*ZOO_WITH_DEPS)
+    session.install("--no-deps", *ZOO_WITHOUT_DEPS)
+    session.run("python", "-m", "benchmarks.zoo.run", *session.posargs)
 
 
 @nox.session(python=PYTHON)

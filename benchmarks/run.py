@@ -14,8 +14,6 @@ import json
 import math
 import os
 import platform
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,75 +22,14 @@ import torch
 
 from .columns import COLUMNS, OURS, PEERS
 from .models import MODELS
+from .process import Worker, time_in_turn
 
 RESULTS = Path(__file__).parent / "results"
 
 
-class _Worker:
-    """A running ``benchmarks.worker`` process for one (model, column)."""
-
-    def __init__(self, model: str, column: str, cache_dir: str) -> None:
-        # Bytecode is written and read as for an installed package: with
-        # PYTHONDONTWRITEBYTECODE (set on the machines these numbers come from)
-        # every worker compiled dispatch's sources again, 57 ms of each start.
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("DISPATCH_") and k != "PYTHONDONTWRITEBYTECODE"
-        }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.worker", model, column, cache_dir],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-            cwd=Path(__file__).parent.parent,
-        )
-        self.ready = self._expect("BENCH_READY ") or {"ok": False, "error": "worker died while compiling"}
-        self.ready = json.loads(self.ready) if isinstance(self.ready, str) else self.ready
-
-    def _expect(self, prefix: str) -> str | None:
-        for line in self.proc.stdout:
-            if line.startswith(prefix):
-                return line[len(prefix) :].strip()
-        return None
-
-    def time(self, calls: int) -> float:
-        self.proc.stdin.write(f"{calls}\n")
-        self.proc.stdin.flush()
-        return float(self._expect("BENCH_TIME ")) / calls
-
-    def close(self) -> float | None:
-        if self.proc.poll() is None:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.flush()
-            rss = self._expect("BENCH_RSS ")
-            self.proc.wait(timeout=60)
-            return json.loads(rss)["peak_rss_mb"] if rss else None
-        return None
-
-
-SPIN_DOWN_S = 0.25
-
-
-def _time_side_by_side(workers: dict[str, _Worker], seconds: float) -> dict[str, float]:
-    """Median per-call time of each column, from batches taken in turn.
-
-    Every batch lasts about 0.1 s; a pause before each lets the previous
-    column's idle threads stop spinning, so no column pays for another: an ORT
-    session's workers were measured spinning for up to 60 ms after its last run."""
-    live = {c: w for c, w in workers.items() if w.ready.get("ok")}
-    calls = {c: max(1, min(5000, int(0.1 / max(w.ready["first_call_s"], 1e-6)))) for c, w in live.items()}
-    samples: dict[str, list[float]] = {c: [] for c in live}
-    deadline = time.perf_counter() + seconds
-    rounds = 0
-    while live and (rounds < 5 or (time.perf_counter() < deadline and rounds < 60)):
-        for column, worker in live.items():
-            time.sleep(SPIN_DOWN_S)
-            samples[column].append(worker.time(calls[column]))
-        rounds += 1
-    return {c: sorted(v)[len(v) // 2] for c, v in samples.items()}
+def _Worker(model: str, column: str, cache_dir: str) -> Worker:
+    """A ``benchmarks.worker`` process for one (model, column)."""
+    return Worker("benchmarks.worker", [model, column, cache_dir], "BENCH_READY ")
 
 
 WARM_STARTS = 3  # one warm process varied by up to 40% (0.69 to 0.97 s on the transformer layer)
@@ -119,7 +56,7 @@ def run(models: list[str], seconds: float) -> dict:
         caches = {col: tempfile.mkdtemp(prefix=f"bench-{name}-{col}-") for col in COLUMNS}
         workers = {col: _Worker(name, col, caches[col]) for col in COLUMNS}
         print(f"[bench] {name}: timing side by side", flush=True)
-        per_call = _time_side_by_side(workers, seconds)
+        per_call = time_in_turn(workers, seconds)
         rss = {col: w.close() for col, w in workers.items()}
         warm = {col: _warm_start_s(name, col, caches[col]) for col in ("inductor", *OURS)}
         row = {"model": name, "columns": {}}

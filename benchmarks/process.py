@@ -1,0 +1,96 @@
+"""Worker processes for the benchmarks, and timing them in turn.
+
+A ``Worker`` runs one benchmark cell in a process of its own (so that no other
+runtime's thread pool spins beside it), waits for its ready line (JSON), and
+then asks it for batches of calls: a line ``N`` runs N calls and answers
+``BENCH_TIME seconds``; ``quit`` ends it with ``BENCH_RSS {json}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).parent.parent
+SPIN_DOWN_S = 0.25
+
+
+class Worker:
+    """A running worker module (``python -m MODULE ARGS...``) for one cell."""
+
+    def __init__(self, module: str, args: list[str], ready_prefix: str) -> None:
+        # Bytecode is written and read as for an installed package: with
+        # PYTHONDONTWRITEBYTECODE (set on the machines these numbers come from)
+        # every worker compiled dispatch's sources again, 57 ms of each start.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("DISPATCH_") and k != "PYTHONDONTWRITEBYTECODE"
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        line = self._expect(ready_prefix)
+        self.ready: dict[str, Any] = (
+            json.loads(line) if line else {"ok": False, "error": "worker died while compiling"}
+        )
+
+    def _expect(self, prefix: str) -> str | None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+        return None
+
+    def time(self, calls: int) -> float:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{calls}\n")
+        self.proc.stdin.flush()
+        answer = self._expect("BENCH_TIME ")
+        if answer is None:
+            raise RuntimeError("worker died while timing")
+        return float(answer) / calls
+
+    def close(self) -> float | None:
+        """Ends the worker; its peak memory in MB (None where it had ended)."""
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+            rss = self._expect("BENCH_RSS ")
+            self.proc.wait(timeout=60)
+            return json.loads(rss)["peak_rss_mb"] if rss else None
+        return None
+
+
+def time_in_turn(workers: dict[str, Worker], seconds: float, batch_s: float = 0.1) -> dict[str, float]:
+    """Median per-call time of each ready worker, from batches taken in turn.
+
+    Every batch lasts about ``batch_s``; a pause before each lets the previous
+    column's idle threads stop spinning, so no column pays for another. At
+    least 5 rounds, then rounds until ``seconds`` are spent (60 at most)."""
+    live = {c: w for c, w in workers.items() if w.ready.get("ok")}
+    calls = {c: max(1, min(5000, int(batch_s / max(w.ready["first_call_s"], 1e-6)))) for c, w in live.items()}
+    samples: dict[str, list[float]] = {c: [] for c in live}
+    deadline = time.perf_counter() + seconds
+    rounds = 0
+    while live and (rounds < 5 or (time.perf_counter() < deadline and rounds < 60)):
+        for column, worker in list(live.items()):
+            time.sleep(SPIN_DOWN_S)
+            try:
+                samples[column].append(worker.time(calls[column]))
+            except RuntimeError:
+                del live[column]
+        rounds += 1
+    return {c: sorted(v)[len(v) // 2] for c, v in samples.items() if v}

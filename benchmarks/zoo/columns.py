@@ -1,0 +1,75 @@
+"""How each zoo column runs a model: a zero-argument callable per column.
+
+CPU: eager; floor (torch.compile with a backend that returns Dynamo's graph
+unchanged: what Dynamo costs before any backend runs); inductor; auto;
+onnxrt_direct (the whole model through torch.onnx.export and an ONNX Runtime
+session, fed and read through numpy). CUDA: eager; inductor; inductor with
+mode="reduce-overhead"; inductor with mode="max-autotune-no-cudagraphs"; auto.
+Training columns run forward, backward and an SGD step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+CPU_COLUMNS = ("eager", "floor", "inductor", "auto", "onnxrt_direct")
+CUDA_COLUMNS = ("eager", "inductor", "reduce_overhead", "max_autotune_no_cudagraphs", "auto")
+TRAIN_COLUMNS = ("eager", "floor", "inductor", "auto")
+PEERS = ("eager", "floor", "inductor", "onnxrt_direct", "reduce_overhead", "max_autotune_no_cudagraphs")
+
+
+def floor_backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
+    """A backend that runs Dynamo's graph as it is."""
+    return gm.forward
+
+
+def compiled(column: str, model: torch.nn.Module) -> Callable[..., Any]:
+    """``model`` as ``column`` runs it (not onnxrt_direct, which needs inputs)."""
+    if column == "eager":
+        return model
+    if column == "floor":
+        return torch.compile(model, backend=floor_backend)
+    if column == "inductor":
+        return torch.compile(model, backend="inductor")
+    if column == "reduce_overhead":
+        return torch.compile(model, mode="reduce-overhead")
+    if column == "max_autotune_no_cudagraphs":
+        return torch.compile(model, mode="max-autotune-no-cudagraphs")
+    if column == "auto":
+        return torch.compile(model, backend="auto")
+    raise ValueError(f"unknown column {column!r}")
+
+
+def inference(column: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    if column == "onnxrt_direct":
+        from ..columns import make
+
+        return make("onnxrt_direct", model, inputs)
+    fn = compiled(column, model)
+    return lambda: fn(*inputs)
+
+
+def training(column: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    """One step: forward, a loss over every floating output, backward, SGD."""
+    fn = compiled(column, model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step() -> Any:
+        optimizer.zero_grad(set_to_none=True)
+        loss = sum(t.float().mean() for t in floating_leaves(fn(*inputs)))
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+def floating_leaves(out: Any) -> list[torch.Tensor]:
+    """Every floating-point tensor in a model's output (ModelOutput, dict, list, tuple)."""
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    leaves = torch.utils._pytree.tree_leaves(out)
+    return [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]

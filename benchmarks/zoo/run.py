@@ -1,0 +1,245 @@
+"""`nox -s zoo`: the zoo's models under every column, one process per cell.
+
+    python -m benchmarks.zoo.run [--models a,b] [--device cpu|cuda] [--dtype float32|bfloat16]
+                                 [--seconds 10] [--no-train] [--no-warm]
+
+Per cell: pass or fail with the reason, accuracy against fp32 eager (as
+PyTorch's benchmark dashboard judges it), per-call median (batches taken in
+turn across the columns' processes), cold compile (first call, fresh caches),
+warm compile (a second process on the same caches, inductor and auto), peak
+memory (RSS on CPU, allocated GPU memory on CUDA). Per column: pass rate and
+geomean speedup over eager. Writes benchmarks/results/zoo-<device>-<stamp>
+.json, .md and .png with the machine (CPU model and vector flags; GPU, driver
+and versions). Runs without nox on a machine whose Python has torch,
+transformers and timm: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..process import Worker, time_in_turn
+from .columns import CPU_COLUMNS, CUDA_COLUMNS, TRAIN_COLUMNS
+from .models import ZOO
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+WARM = ("inductor", "auto")
+
+
+def machine(device: str) -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        model = next(
+            line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")
+        )
+        flags = next(
+            line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")
+        )
+        info["cpu"] = model
+        info["vector_flags"] = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4")))
+    except (OSError, StopIteration):
+        info["cpu"] = platform.processor()
+    info["threads"] = torch.get_num_threads()
+    if device == "cuda":
+        from ..gpu_report import machine as gpu_machine
+
+        info.update(gpu_machine())
+    for package in ("transformers", "timm", "onnxruntime", "triton"):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            info[package] = version(package)
+        except PackageNotFoundError:
+            info[package] = None
+    return info
+
+
+def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Namespace) -> dict[str, Any]:
+    print(f"[zoo] {name} ({mode}): compiling each column in a fresh process", flush=True)
+    caches = {c: tempfile.mkdtemp(prefix=f"zoo-{name}-{c}-") for c in columns}
+
+    def start(column: str) -> Worker:
+        return Worker(
+            "benchmarks.zoo.worker",
+            [name, column, mode, args.device, args.dtype, caches[column]],
+            "ZOO_READY ",
+        )
+
+    workers = {c: start(c) for c in columns}
+    per_call = time_in_turn(workers, args.seconds)
+    peak = {c: w.close() for c, w in workers.items()}
+    warm: dict[str, float | None] = {}
+    if not args.no_warm:
+        for column in WARM:
+            if column in workers and workers[column].ready.get("ok"):
+                second = start(column)
+                second.close()
+                warm[column] = second.ready.get("compile_s") if second.ready.get("ok") else None
+    cells = {}
+    for column, worker in workers.items():
+        ready = worker.ready
+        cells[column] = {
+            "ok": bool(ready.get("ok")) and column in per_call,
+            "error": ready.get("error"),
+            "accurate": ready.get("accurate"),
+            "per_call_s": per_call.get(column),
+            "compile_s": ready.get("compile_s"),
+            "warm_compile_s": warm.get(column),
+            "peak_mb": peak.get(column),
+            "routes": ready.get("routes") or [],
+        }
+    return {"model": name, "mode": mode, "source": ZOO[name].source, "cells": cells}
+
+
+def summary(rows: list[dict[str, Any]], columns: tuple[str, ...], mode: str) -> dict[str, dict[str, Any]]:
+    """Per column: pass rate and geomean speedup over eager (on the models both ran)."""
+    rows = [r for r in rows if r["mode"] == mode]
+    out = {}
+    for column in columns:
+        passed = [r for r in rows if r["cells"][column]["ok"]]
+        speedups = [
+            r["cells"]["eager"]["per_call_s"] / r["cells"][column]["per_call_s"]
+            for r in passed
+            if r["cells"]["eager"]["ok"]
+        ]
+        out[column] = {
+            "pass_rate": len(passed) / len(rows) if rows else None,
+            "geomean_speedup_over_eager": math.exp(sum(map(math.log, speedups)) / len(speedups))
+            if speedups
+            else None,
+        }
+    return out
+
+
+def _fmt(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e6:.0f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    lines = [f"# Model zoo, {result['device']} {result['dtype']}, {result['time']}", ""]
+    lines += [f"- {k}: {v}" for k, v in m.items()]
+    for mode, columns in result["columns"].items():
+        rows = [r for r in result["rows"] if r["mode"] == mode]
+        if not rows:
+            continue
+        lines += [
+            "",
+            f"## {mode}",
+            "",
+            "Per call \\| cold compile \\| warm compile \\| peak MB; auto also shows its routes.",
+            "",
+        ]
+        lines += [
+            "| model | " + " | ".join(columns) + " | auto / best other |",
+            "|---|" + "---|" * (len(columns) + 1),
+        ]
+        for row in rows:
+            cells = []
+            for column in columns:
+                c = row["cells"][column]
+                if not c["ok"]:
+                    cells.append(f"FAIL: {(c['error'] or '')[:70]}")
+                    continue
+                parts = [_fmt(c["per_call_s"]), f"{c['compile_s']:.1f} s"]
+                if c["warm_compile_s"] is not None:
+                    parts.append(f"warm {c['warm_compile_s']:.1f} s")
+                parts.append(f"{c['peak_mb']:.0f} MB" if c["peak_mb"] else "-")
+                if column == "auto":
+                    parts.append("+".join(c["routes"]))
+                cells.append(" \\| ".join(parts))
+            lines.append(f"| {row['model']} | " + " | ".join(cells) + f" | {_ratio(row)} |")
+        lines += ["", "| column | pass rate | geomean speedup over eager |", "|---|---|---|"]
+        for column, s in result["summary"][mode].items():
+            rate = f"{s['pass_rate']:.0%}" if s["pass_rate"] is not None else "-"
+            geo = f"{s['geomean_speedup_over_eager']:.2f}x" if s["geomean_speedup_over_eager"] else "-"
+            lines.append(f"| {column} | {rate} | {geo} |")
+    return "\n".join(lines) + "\n"
+
+
+def _ratio(row: dict[str, Any]) -> str:
+    """auto's per-call time over the fastest other column that passed."""
+    cells = row["cells"]
+    others = [c["per_call_s"] for name, c in cells.items() if name != "auto" and c["ok"] and c["per_call_s"]]
+    if not cells["auto"]["ok"] or not others:
+        return "-"
+    return f"{cells['auto']['per_call_s'] / min(others):.2f}x"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r["mode"] == "infer"]
+    columns = result["columns"]["infer"]
+    fig, ax = plt.subplots(figsize=(max(10, len(rows) * 0.6), 4.5))
+    width = 0.8 / len(columns)
+    for i, column in enumerate(columns):
+        values = []
+        for row in rows:
+            eager, cell = row["cells"]["eager"], row["cells"][column]
+            values.append(eager["per_call_s"] / cell["per_call_s"] if cell["ok"] and eager["ok"] else 0.0)
+        ax.bar([j + i * width for j in range(len(rows))], values, width, label=column)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks([j + width * (len(columns) - 1) / 2 for j in range(len(rows))])
+    ax.set_xticklabels([r["model"] for r in rows], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("speedup over eager (higher is better; 0: failed)")
+    ax.set_title(f"dispatch model zoo, {result['device']} {result['dtype']} ({result['time']})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(ZOO))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--seconds", type=float, default=8.0, help="timing budget per model")
+    parser.add_argument("--no-train", action="store_true", help="inference only")
+    parser.add_argument("--no-warm", action="store_true", help="skip the warm-start processes")
+    args = parser.parse_args(argv)
+    names = [m for m in args.models.split(",") if m]
+    unknown = set(names) - set(ZOO)
+    if unknown:
+        parser.error(f"unknown model(s) {sorted(unknown)}; models: {list(ZOO)}")
+    infer_columns = CUDA_COLUMNS if args.device == "cuda" else CPU_COLUMNS
+    rows = [run_model(n, "infer", infer_columns, args) for n in names]
+    if not args.no_train:
+        rows += [run_model(n, "train", TRAIN_COLUMNS, args) for n in names if ZOO[n].trains]
+    columns = {"infer": infer_columns, "train": TRAIN_COLUMNS}
+    result = {
+        "device": args.device,
+        "dtype": args.dtype,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": machine(args.device),
+        "columns": columns,
+        "rows": rows,
+        "summary": {mode: summary(rows, cols, mode) for mode, cols in columns.items()},
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    base = RESULTS / f"zoo-{args.device}-{args.dtype}-{time.strftime('%Y%m%d-%H%M%S')}"
+    base.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    base.with_suffix(".md").write_text(markdown(result))
+    plot(result, base.with_suffix(".png"))
+    print(markdown(result))
+    print(f"[zoo] wrote {base}.json/.md/.png")
+
+
+if __name__ == "__main__":
+    main()

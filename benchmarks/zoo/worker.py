@@ -1,0 +1,148 @@
+"""One zoo cell (model x column x mode) in a process of its own.
+
+    python -m benchmarks.zoo.worker MODEL COLUMN MODE DEVICE DTYPE CACHE_DIR
+
+MODE is ``infer`` or ``train``. It builds the cell on fresh caches (or warm
+ones: a second worker on the same CACHE_DIR measures a warm start), times the
+first call (the cold compile), judges accuracy against fp32 eager the way
+PyTorch's benchmark dashboard does (``torch._dynamo.utils.same`` with an fp64
+reference), prints ``ZOO_READY {json}``, then answers timing requests on stdin
+as ``benchmarks.worker`` does.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from contextlib import redirect_stdout
+
+import torch
+
+from dispatch.record import recorder
+
+from . import columns
+from .models import ZOO
+
+TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+
+def _moved(model, inputs, device, dtype):
+    model = model.to(device=device, dtype=dtype)
+    return model, tuple(
+        t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype) for t in inputs
+    )
+
+
+def _fresh(inputs):
+    return tuple(t.clone() for t in inputs)
+
+
+def _accurate(reference, fp64, result, dtype) -> bool:
+    from torch._dynamo.utils import same
+
+    ref, ref64, res = (columns.floating_leaves(x) for x in (reference, fp64, result))
+    if len(ref) != len(res):
+        return False
+    res = [r.float().cpu() for r in res]
+    return bool(same(ref, res, fp64_ref=ref64, tol=TOLERANCE[dtype], equal_nan=True))
+
+
+def _gradients(model, inputs, column):
+    model.zero_grad(set_to_none=True)
+    fn = columns.compiled(column, model)
+    loss = sum(t.float().mean() for t in columns.floating_leaves(fn(*inputs)))
+    loss.backward()
+    return [p.grad.float().cpu() for p in model.parameters() if p.grad is not None]
+
+
+def _peak_mb(device: str) -> float:
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_dir: str | None) -> None:
+    cache_dir = cache_dir or tempfile.mkdtemp(prefix="zoo-cache-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
+    os.environ["DISPATCH_CACHE_DIR"] = os.path.join(cache_dir, "dispatch")
+    dtype = getattr(torch, dtype_name)
+    torch.compile(torch.nn.Linear(2, 2), backend="eager")(torch.ones(1, 2))  # Dynamo's one-off start
+    torch._dynamo.reset()
+    model, inputs = ZOO[name].build()
+    model.train(mode == "train")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    report: dict = {"ok": False}
+    try:
+        with redirect_stdout(io.StringIO()):  # models that print
+            if mode == "train":
+                ref_grads = _gradients(copy.deepcopy(model), inputs, "eager")
+                ref64 = _gradients(
+                    copy.deepcopy(model).double(),
+                    tuple(t.double() if t.is_floating_point() else t for t in inputs),
+                    "eager",
+                )
+                model, inputs = _moved(model, inputs, device, dtype)
+                start = time.perf_counter()
+                with recorder.recording() as plans:
+                    grads = _gradients(model, inputs, column)
+                    sync()
+                report["compile_s"] = time.perf_counter() - start
+                report["accurate"] = _accurate(ref_grads, ref64, grads, dtype)
+                fn = columns.training(column, model, inputs)
+            else:
+                with torch.no_grad():
+                    model.eval()
+                    reference = copy.deepcopy(model)(*_fresh(inputs))
+                    fp64 = copy.deepcopy(model).double()(
+                        *(t.double() if t.is_floating_point() else t for t in inputs)
+                    )
+                    model, inputs = _moved(model, inputs, device, dtype)
+                    start = time.perf_counter()
+                    with recorder.recording() as plans:
+                        fn = columns.inference(column, model, inputs)
+                        out = fn()
+                        sync()
+                    report["compile_s"] = time.perf_counter() - start
+                    report["accurate"] = _accurate(reference, fp64, out, dtype)
+            report["routes"] = sorted({r.route for p in plans for r in p.regions})
+            report["ok"] = report["accurate"]
+            if not report["accurate"]:
+                report["error"] = "accuracy: differs from fp32 eager beyond the dashboard's tolerance"
+            context = torch.no_grad() if mode == "infer" else torch.enable_grad()
+            with context:
+                start = time.perf_counter()
+                fn()
+                sync()
+                report["first_call_s"] = time.perf_counter() - start
+    except Exception as error:  # a failing cell is reported, not dropped
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        report["error"] = f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+    print("ZOO_READY " + json.dumps(report), flush=True)
+    if not report.get("ok"):
+        return
+    context = torch.no_grad() if mode == "infer" else torch.enable_grad()
+    with context, redirect_stdout(sys.stderr):
+        for line in sys.stdin:
+            command = line.strip()
+            if command == "quit":
+                break
+            n = int(command)
+            sync()
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            sync()
+            sys.__stdout__.write(f"BENCH_TIME {time.perf_counter() - start}\n")
+            sys.__stdout__.flush()
+    sys.__stdout__.write("BENCH_RSS " + json.dumps({"peak_rss_mb": _peak_mb(device)}) + "\n")
+    sys.__stdout__.flush()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:7])
