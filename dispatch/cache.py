@@ -102,8 +102,10 @@ class ArtifactCache:
 @functools.cache
 def versions() -> tuple[tuple[str, str], ...]:
     """Versions of everything whose change invalidates an entry."""
-    found = [("torch", torch.__version__)]
-    for name in ("onnxruntime", "onnx", "onnxscript", "triton", "dispatch"):
+    from . import __version__
+
+    found = [("torch", torch.__version__), ("dispatch", __version__)]
+    for name in ("onnxruntime", "onnx", "onnxscript", "triton"):
         try:
             found.append((name, metadata.version(name)))
         except metadata.PackageNotFoundError:

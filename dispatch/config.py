@@ -56,6 +56,12 @@ class Config:
     min_region_size: int = 2
     cache_dir: Path = field(default_factory=default_cache_dir)
     log_level: str = "warning"
+    #: where each setting that is not a default came from: "DISPATCH_ROUTE=triton",
+    #: "options['strict']", ...; errors name it, and the fix that applies to it.
+    sources: tuple[tuple[str, str], ...] = ()
+
+    def source(self, key: str) -> str | None:
+        return dict(self.sources).get(key)
 
     @property
     def forced(self) -> str | None:
@@ -92,6 +98,8 @@ class Config:
                     f"{route_names()}, got {routes!r}"
                 )
             changes["routes"] = tuple(_route_name(r, "options['routes']") for r in routes)
+        for key in options:
+            changes.setdefault("sources", {})[key] = f"options[{key!r}]"
         for key in ("strict", "autotune", "verify", "reduce_overhead"):
             if key in options:
                 if not isinstance(options[key], bool):
@@ -108,16 +116,20 @@ class Config:
             if not isinstance(options["cache_dir"], (str, os.PathLike)):
                 raise ConfigError(f"options['cache_dir'] must be a path, got {options['cache_dir']!r}")
             changes["cache_dir"] = Path(options["cache_dir"])
+        changes["sources"] = tuple(changes.get("sources", {}).items())
         return replace(self, **changes)
 
     def _with_env(self, env: Mapping[str, str]) -> Config:
         changes: dict[str, Any] = {}
+        sources = dict(self.sources)
         if env.get(ENV_ROUTE):
             route = _route_name(env[ENV_ROUTE].strip(), ENV_ROUTE)
             changes["routes"] = (route,) if route == "eager" else (route, "eager")
+            sources["routes"] = f"{ENV_ROUTE}={route}"
         if env.get(ENV_DISABLE):
             names = [n.strip() for n in env[ENV_DISABLE].split(",") if n.strip()]
             changes["disabled"] = frozenset(_route_name(n, ENV_DISABLE) for n in names)
+            sources["disabled"] = f"{ENV_DISABLE}={env[ENV_DISABLE]}"
         for var, key in (
             (ENV_STRICT, "strict"),
             (ENV_AUTOTUNE, "autotune"),
@@ -126,6 +138,7 @@ class Config:
         ):
             if var in env:
                 changes[key] = _flag(env[var], var)
+                sources[key] = f"{var}={env[var]}"
         if env.get(ENV_CACHE_DIR):
             changes["cache_dir"] = Path(env[ENV_CACHE_DIR])
         if env.get(ENV_LOG):
@@ -133,6 +146,7 @@ class Config:
             if level not in LOG_LEVELS:
                 raise ConfigError(f"{ENV_LOG}={env[ENV_LOG]!r} is not valid; use one of {list(LOG_LEVELS)}")
             changes["log_level"] = level
+        changes["sources"] = tuple(sources.items())
         config = replace(self, **changes)
         if config.strict and config.routes and "eager" in config.routes and env.get(ENV_ROUTE):
             # A forced route under strict must not quietly fall back to eager.

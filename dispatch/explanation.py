@@ -79,16 +79,27 @@ def explain(
     """Compile ``fn`` with ``auto`` (and ``options``), run it once on ``args``, report.
 
     ``dynamic`` is ``torch.compile``'s; ``torch._dynamo.mark_dynamic`` on an
-    argument also makes its dimension symbolic, and the report lists it."""
-    from torch._dynamo.backends.debugging import ExplainWithBackend
+    argument also makes its dimension symbolic, and the report lists it.
 
-    torch._dynamo.reset()
+    Nothing else compiled in the process is touched: Dynamo's cache entries
+    carry the backend they were made for, so this compile misses the user's own
+    and makes new ones, and afterwards only the code objects compiled here are
+    cleared (``fn``'s own frames, which compile again on their next call)."""
+    from torch._dynamo.backends.debugging import ExplainWithBackend
+    from torch._dynamo.convert_frame import register_bytecode_hook
+
     explainer = ExplainWithBackend("auto")
     explainer.backend = functools.partial(auto, options=options)
-    with recorder.recording() as plans:
-        torch.compile(fn, backend=explainer, dynamic=dynamic)(*args, **kwargs)
+    compiled_codes: list[Any] = []
+    hook = register_bytecode_hook(lambda code, new_code: compiled_codes.append(code))
+    try:
+        with recorder.recording() as plans:
+            torch.compile(fn, backend=explainer, dynamic=dynamic)(*args, **kwargs)
+    finally:
+        hook.remove()
+        for code in compiled_codes:
+            torch._dynamo.reset_code(code)
     out = explainer.output()
-    torch._dynamo.reset()
     return Explanation(
         graph_count=out.graph_count,
         graph_break_count=out.graph_break_count,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch.fx
 
 from .config import Config
-from .errors import RouteUnavailableError, UnsupportedDeviceError, UnsupportedOpError
+from .errors import ConfigError, RouteUnavailableError, UnsupportedDeviceError, UnsupportedOpError
 from .inspect import (
     GraphFacts,
     compute_nodes,
@@ -57,29 +57,42 @@ def route_order(device: str, kind: str, config: Config) -> tuple[tuple[str, ...]
         order = list(config.routes)
         for name in registry.names():
             if name not in order:
-                left_out[name] = f"not in the allowed routes {list(config.routes)}"
+                left_out[name] = (
+                    f"not in the allowed routes {list(config.routes)} ({config.source('routes')})"
+                )
         if not config.strict and "eager" not in order:
             order.append("eager")
     else:
         rule = default_rule(device, kind)
         order = list(rule.routes)
+        extra = [
+            r.name
+            for r in registry
+            if r.name not in order and not r.wraps and r.serves_device(device) and availability(r).ok
+        ]
         if config.autotune:
             # Measurement decides: every other route that serves the device joins
             # the candidates, ahead of eager (the rule's order stays the tie-break).
-            extra = [
-                r.name
-                for r in registry
-                if r.name not in order and not r.wraps and r.serves_device(device) and availability(r).ok
-            ]
             at = order.index("eager") if "eager" in order else len(order)
             order[at:at] = extra
+        elif set(order) & config.disabled:
+            # The user disabled a route the rule chose: the others that serve the
+            # device stand in, after the rule's remaining routes.
+            at = next((i for i, n in enumerate(order) if registry.get(n).wraps), len(order))
+            order[at:at] = [n for n in extra if n not in config.disabled]
         for name in registry.names():
             if name not in order:
                 left_out[name] = f"not chosen by rule: {rule.reason}"
     for name in list(order):
         if name in config.disabled:
             order.remove(name)
-            left_out[name] = "disabled by DISPATCH_DISABLE"
+            left_out[name] = f"disabled by {config.source('disabled')}"
+    if config.disabled and not any(not registry.get(n).wraps for n in order):
+        raise ConfigError(
+            f"{config.source('disabled')} leaves no route for {device} {kind} graphs; routes that serve "
+            f"{device}: {[r.name for r in registry if not r.wraps and r.serves_device(device)]}. "
+            "Instead: enable at least one of them (eager runs every op)"
+        )
     return tuple(order), left_out
 
 
@@ -144,6 +157,14 @@ def choose_routes(
             captured = any(registry.get(name).wraps for name in order) and not facts.needs_grad
             for name in order:
                 if registry.get(name).wraps:
+                    wrapper = registry.get(name)
+                    if wrapper.serves_device(device):
+                        choice.why[name], choice.rejected[name] = (
+                            WHY_OP,
+                            f"{name} wraps regions; it runs no op",
+                        )
+                    else:
+                        choice.why[name], choice.rejected[name] = WHY_DEVICE, wrapper.device_reason(device)
                     continue
                 verdict = route_verdict(registry.get(name), node, device, facts)
                 if verdict is None and captured and name != "eager" and has_unbacked_size(node):
@@ -153,7 +174,7 @@ def choose_routes(
                 else:
                     choice.why[name], choice.rejected[name] = verdict
         if not choice.chain:
-            raise _strict_error(node, choice, order)
+            raise _strict_error(node, choice, order, config)
         choices[node] = choice
     return choices
 
@@ -167,6 +188,7 @@ def plan_graph(
 ) -> tuple[GraphPlan, torch.fx.GraphModule]:
     """Split ``gm`` (in place) into one submodule per region and describe them."""
     facts = graph_facts(gm, kind, input_names)
+    check_forced_route(config, facts)
     choices = choose_routes(gm, facts, config)
     devices = {c.device for c in choices.values()} | set(facts.devices)
     order = {device: route_order(device, kind, config)[0] for device in sorted(devices)}
@@ -201,22 +223,75 @@ def _plan_capture(
             region.rejected[wrapper] = reason
 
 
-def _strict_error(node: torch.fx.Node, choice: NodeChoice, order: tuple[str, ...]) -> Exception:
+def check_forced_route(config: Config, facts: GraphFacts) -> None:
+    """Forcing is never silent: a forced route that is not installed, or that
+    cannot run on the graph's device at all, raises, strict or not."""
+    forced = config.forced
+    devices = sorted(facts.devices, key=lambda d: d == "cpu")  # the accelerator first
+    if forced is None or not devices:
+        return
+    route, device, where = registry.get(forced), devices[0], config.source("routes")
+    if not route.serves_device(device):
+        if device == "mps" and forced == "inductor":
+            instead = (
+                "inductor does not run on mps; auto runs mps graphs eagerly, or move the model to cpu/cuda"
+            )
+        else:
+            instead = f"force a route that serves {device} (python -m dispatch lists them)"
+        raise UnsupportedDeviceError(
+            f"route {forced!r}, forced by {where}, cannot run this graph's {device} tensors: "
+            f"{route.device_reason(device)}. Instead: {instead}, or {_unforce(where)}"
+        )
+    status = availability(route)
+    if not status.ok and not route.wraps:  # a wrapping route's hardware comes with the tensors
+        raise RouteUnavailableError(
+            f"route {forced!r}, forced by {where}, is not available on this machine: {status.reason}. "
+            f"Instead: install it, or {_unforce(where)}"
+        )
+
+
+def _unforce(where: str | None) -> str:
+    if where and where.startswith("DISPATCH_ROUTE"):
+        return "unset DISPATCH_ROUTE to let auto choose"
+    return "leave options['routes'] out to let auto choose"
+
+
+def _strict_error(
+    node: torch.fx.Node, choice: NodeChoice, order: tuple[str, ...], config: Config
+) -> Exception:
     device = choice.device
-    reasons = "; ".join(f"{r}: {choice.rejected.get(r, '?')}" for r in order) or "no route allowed"
+    reasons = "; ".join(f"{r}: {choice.rejected[r]}" for r in order if r in choice.rejected)
     where = f"{op_name(node)} (node {node.name}) on {device}"
-    advice = (
-        "unset DISPATCH_STRICT, or allow 'eager' (DISPATCH_ROUTE unset or options['routes'] with 'eager')"
-    )
+    advice = _fallback_advice(config)
     if order and all(choice.why.get(r) == WHY_DEVICE for r in order):
         route = order[0]
-        if device == "mps" and route == "inductor":
-            advice = "inductor does not run on mps: use the 'eager' route or move the model to cpu/cuda"
         return UnsupportedDeviceError(
             f"route {route!r} cannot serve device {device!r} for {where}: {reasons}. Instead: {advice}"
         )
     if order and all(choice.why.get(r) == WHY_UNAVAILABLE for r in order):
         return RouteUnavailableError(
-            f"forced route(s) {list(order)} unavailable for {where}: {reasons}. Instead: {advice}"
+            f"route(s) {list(order)} unavailable for {where}: {reasons}. Instead: {advice}"
         )
     return UnsupportedOpError(f"no allowed route can run {where}: {reasons}. Instead: {advice}")
+
+
+def _fallback_advice(config: Config) -> str:
+    """How to let eager run what the allowed routes cannot, for the settings the user made."""
+    steps = []
+    if config.strict:
+        source = config.source("strict") or "strict"
+        steps.append(
+            "unset DISPATCH_STRICT"
+            if source.startswith("DISPATCH_STRICT")
+            else "set options['strict'] to False"
+        )
+    if "eager" in config.disabled:
+        steps.append(f"remove 'eager' from {config.source('disabled')}")
+    if config.routes is not None and "eager" not in config.routes and config.strict:
+        where = config.source("routes") or ""
+        steps.append(
+            "unset DISPATCH_ROUTE"
+            if where.startswith("DISPATCH_ROUTE")
+            else "add 'eager' to options['routes']"
+        )
+    return ", or ".join(steps) or "allow 'eager', which runs every op"

@@ -304,3 +304,28 @@ def test_a_buffer_the_model_updates_is_not_baked_into_the_onnx_region(onnx_expor
             torch.testing.assert_close(compiled(x), reference(x))
     assert float(model.calls) == float(reference.calls) == 4.0
     assert onnx_exports[0] == 1
+
+
+def test_explain_leaves_other_compiled_functions_alone():
+    compiles = []
+
+    def counting(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    earlier = torch.compile(lambda x: x.sin() + 1, backend=counting)
+    x = torch.randn(4)
+    earlier(x)
+    with torch.no_grad():
+        explanation = dispatch.explain(lambda t: (t * 2).cos(), x)
+        again = dispatch.explain(lambda t: (t * 2).cos(), x)
+    earlier(x)
+    assert len(compiles) == 1  # not recompiled: its cache survived explain
+    assert explanation.graph_count == again.graph_count == 1 and explanation.regions
+
+    def fn(t):
+        return t.sigmoid() * 3
+
+    with torch.no_grad():
+        torch.compile(fn, backend="auto")(x)  # the user's own compile of the same function
+        assert [r.route for r in dispatch.explain(fn, x).regions] == ["onnxrt"]

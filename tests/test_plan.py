@@ -48,11 +48,31 @@ def test_forcing_inductor_on_mps_by_environment(monkeypatch):
         fake_plan(MLP(), "mps", (4, 16))
 
 
-def test_forced_route_without_strict_falls_back_to_eager_and_says_why(monkeypatch):
+@pytest.mark.parametrize("strict", ["0", "1"])
+def test_forcing_a_route_onto_a_device_it_cannot_serve_raises_strict_or_not(monkeypatch, strict):
     monkeypatch.setenv("DISPATCH_ROUTE", "inductor")
-    plan = fake_plan(MLP(), "mps", (4, 16))
-    assert {r.route for r in plan.regions} == {"eager"}
-    assert "device mps" in plan.regions[0].rejected["inductor"]
+    monkeypatch.setenv("DISPATCH_STRICT", strict)
+    with pytest.raises(dispatch.UnsupportedDeviceError, match="forced by DISPATCH_ROUTE=inductor") as error:
+        fake_plan(MLP(), "mps", (4, 16))
+    assert "inductor does not run on mps" in str(error.value) and "unset DISPATCH_ROUTE" in str(error.value)
+
+
+def test_forcing_a_route_that_is_not_installed_names_the_install_command(monkeypatch):
+    import dispatch.planner as planner
+    from dispatch.routes import Availability
+
+    monkeypatch.setattr(
+        planner,
+        "availability",
+        lambda route: Availability(
+            route.name != "onnxrt",
+            None,
+            "not installed: onnxruntime; pip install 'torch-auto-dispatch[onnx]'",
+        ),
+    )
+    with pytest.raises(dispatch.RouteUnavailableError, match=r"torch-auto-dispatch\[onnx\]") as error:
+        fake_plan(MLP(), "cpu", (4, 16), routes=["onnxrt"])
+    assert "options['routes']" in str(error.value)
 
 
 def test_cuda_plans_without_a_gpu():
@@ -65,9 +85,8 @@ def test_cuda_plans_without_a_gpu():
 
 
 def test_onnxrt_on_cuda_needs_onnxruntime_gpu():
-    plan = fake_plan(MLP(), "cuda", (4, 16), routes=["onnxrt", "eager"])
-    assert {r.route for r in plan.regions} == {"eager"}
-    assert "onnxruntime-gpu" in plan.regions[0].rejected["onnxrt"]
+    with pytest.raises(dispatch.UnsupportedDeviceError, match="onnxruntime-gpu"):
+        fake_plan(MLP(), "cuda", (4, 16), routes=["onnxrt", "eager"])
 
 
 def test_custom_op_splits_regions():
@@ -148,7 +167,7 @@ def test_disable_by_environment(monkeypatch):
     monkeypatch.setenv("DISPATCH_DISABLE", "onnxrt")
     plan = fake_plan(MLP(), "cpu", (4, 16))
     assert {r.route for r in plan.regions} == {"eager"}
-    assert plan.regions[0].rejected["onnxrt"] == "disabled by DISPATCH_DISABLE"
+    assert plan.regions[0].rejected["onnxrt"] == "disabled by DISPATCH_DISABLE=onnxrt"
 
 
 def test_dynamic_shapes_go_to_onnxrt_with_their_dims_reported():
@@ -176,3 +195,51 @@ def test_plan_is_serialisable():
     data = json.loads(json.dumps(plan.to_dict()))
     assert data["graphs"][0]["regions"][0]["route"] in ("onnxrt", "eager")
     assert "onnxrt" in str(plan)
+
+
+def test_forcing_cudagraphs_on_cpu_is_a_device_error(monkeypatch):
+    monkeypatch.setenv("DISPATCH_ROUTE", "cudagraphs")
+    monkeypatch.setenv("DISPATCH_STRICT", "1")
+    with pytest.raises(dispatch.UnsupportedDeviceError, match="cpu") as error:
+        fake_plan(MLP(), "cpu", (4, 16))
+    assert "?" not in str(error.value) and "DISPATCH_ROUTE=cudagraphs" in str(error.value)
+
+
+def test_disabling_eager_lets_another_route_run_what_onnxrt_cannot(monkeypatch):
+    monkeypatch.setenv("DISPATCH_DISABLE", "eager")
+    plan = fake_plan(CustomOpMLP(), "cpu", (4, 16))
+    (custom,) = [r for r in plan.regions if "dispatch_tests.scaled_tanh.default" in r.ops]
+    assert custom.route == "inductor"
+    assert {r.route for r in plan.regions} == {"onnxrt", "inductor"}
+
+
+def test_disabling_onnxrt_and_eager_leaves_inductor(monkeypatch):
+    monkeypatch.setenv("DISPATCH_DISABLE", "onnxrt,eager")
+    plan = fake_plan(CustomOpMLP(), "cpu", (4, 16))
+    assert {r.route for r in plan.regions} == {"inductor"}
+
+
+def test_disabling_every_route_of_a_device_is_a_config_error(monkeypatch):
+    monkeypatch.setenv("DISPATCH_DISABLE", "onnxrt,eager,inductor,triton")
+    with pytest.raises(
+        dispatch.ConfigError, match="DISPATCH_DISABLE=onnxrt,eager,inductor,triton leaves no route"
+    ):
+        fake_plan(MLP(), "cpu", (4, 16))
+
+
+def test_strict_advice_names_the_options_the_user_set():
+    with pytest.raises(dispatch.UnsupportedOpError) as error:
+        fake_plan(CustomOpMLP(), "cpu", (4, 16), routes=["onnxrt"], strict=True)
+    message = str(error.value)
+    assert "set options['strict'] to False" in message and "add 'eager' to options['routes']" in message
+    assert "DISPATCH_" not in message
+
+
+def test_strict_advice_names_the_variables_the_user_set(monkeypatch):
+    monkeypatch.setenv("DISPATCH_ROUTE", "onnxrt")
+    monkeypatch.setenv("DISPATCH_STRICT", "1")
+    with pytest.raises(dispatch.UnsupportedOpError) as error:
+        fake_plan(CustomOpMLP(), "cpu", (4, 16))
+    message = str(error.value)
+    assert "unset DISPATCH_STRICT" in message and "unset DISPATCH_ROUTE" in message
+    assert "options[" not in message

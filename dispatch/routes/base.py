@@ -19,6 +19,14 @@ from ..inspect import GraphFacts
 
 CompiledFn = Callable[..., Any]
 
+#: the distribution's name on the package index (the import name is ``dispatch``)
+DISTRIBUTION = "torch-auto-dispatch"
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs an optional runtime, as this package's extra."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
+
 
 @dataclass(frozen=True)
 class Availability:

@@ -32,7 +32,7 @@ from ..inspect import (
     is_size_arithmetic,
     tensor_values,
 )
-from .base import Availability, CompiledFn, Route
+from .base import Availability, CompiledFn, Route, install_hint
 from .onnx_export import export_region, fed_positions
 from .onnx_model import OnnxModel
 from .onnx_ops import translatable
@@ -66,7 +66,7 @@ class OnnxRoute(Route):
                 missing.append(f"{module} (No module named {module!r})")
         if missing:
             return Availability(
-                False, None, "not installed: " + ", ".join(missing) + "; pip install dispatch[onnx]"
+                False, None, "not installed: " + ", ".join(missing) + f"; {install_hint('onnx')}"
             )
         import onnxruntime
 

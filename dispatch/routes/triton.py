@@ -20,7 +20,7 @@ import torch
 import torch.fx
 
 from ..inspect import META_PATTERN, META_PATTERN_REFUSED, GraphFacts
-from .base import Availability, CompiledFn, Route
+from .base import Availability, CompiledFn, Route, install_hint
 from .registry import registry
 from .triton_patterns import PatternMatch, find_patterns
 
@@ -40,7 +40,7 @@ class TritonRoute(Route):
 
     def available(self) -> Availability:
         if importlib.util.find_spec("triton") is None:
-            return Availability(False, None, "triton is not installed; pip install 'dispatch[triton]'")
+            return Availability(False, None, f"triton is not installed; {install_hint('triton')}")
         from importlib.metadata import version
 
         return Availability(True, version("triton"))
