@@ -19,7 +19,9 @@ from .errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dispatch", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m dispatch", description="What this machine can route to, and why not."
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     try:

@@ -55,7 +55,7 @@ class Explanation:
         lines = [
             f"Graph Count: {self.graph_count}",
             f"Graph Break Count: {self.graph_break_count}",
-            f"Op Count: {self.op_count}",
+            f"Dynamo Op Count (torch-level calls Dynamo traced, before lowering to aten): {self.op_count}",
         ]
         if self.break_reasons:
             lines.append("Break Reasons:")

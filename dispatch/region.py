@@ -119,7 +119,7 @@ def region_table(regions: Sequence[Region]) -> str:
     lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
     lines += [fmt.format(*row) for row in rows]
     notes = [
-        f"  {r.name} [{r.kind}]: {route} not chosen: {reason}"
+        f"  graph {r.graph} {r.name} [{r.kind}]: {route} not chosen: {reason}"
         for r in regions
         for route, reason in r.rejected.items()
         if not reason.startswith("not chosen by rule") and not reason.startswith("not in the allowed")
@@ -127,7 +127,8 @@ def region_table(regions: Sequence[Region]) -> str:
     if notes:
         lines += ["", "Why not other routes:", *notes]
     measured = [
-        f"  {r.name} [{r.kind}]: " + ", ".join(f"{route} {line}" for route, line in r.measured.items())
+        f"  graph {r.graph} {r.name} [{r.kind}]: "
+        + ", ".join(f"{route} {line}" for route, line in r.measured.items())
         for r in regions
         if r.measured
     ]

@@ -185,6 +185,27 @@ def test_available_routes_and_doctor():
     assert "onnxrt" in out.stdout and "eager" in out.stdout
 
 
+def test_doctor_json_uses_null_for_missing_values():
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-m", "dispatch", "--json"], capture_output=True, text=True, timeout=120
+    )
+    report = json.loads(out.stdout)
+    values = [v for info in report["routes"].values() for v in info.values()] + list(
+        report["machine"].values()
+    )
+    assert "-" not in values and "" not in values
+
+
+def test_doctor_help_has_no_markup(capsys):
+    from dispatch.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "``" not in capsys.readouterr().out
+
+
 def test_no_warning_on_the_happy_path():
     model = MLP().eval()
     with warnings.catch_warnings():
@@ -329,3 +350,16 @@ def test_explain_leaves_other_compiled_functions_alone():
     with torch.no_grad():
         torch.compile(fn, backend="auto")(x)  # the user's own compile of the same function
         assert [r.route for r in dispatch.explain(fn, x).regions] == ["onnxrt"]
+
+
+def test_explain_text_says_which_graph_each_note_is_about():
+    def fn(x):
+        y = torch.relu(x) + 1
+        print("", end="")  # a graph break: two graphs whose regions share names
+        return y.sigmoid() * 2
+
+    with torch.no_grad():
+        text = str(dispatch.explain(fn, torch.randn(4, 4)))
+    assert "graph 0 onnxrt_cpu_0 [inference]: eager not chosen" in text
+    assert "graph 1 onnxrt_cpu_0 [inference]: eager not chosen" in text
+    assert "Dynamo Op Count" in text
