@@ -54,11 +54,12 @@ def auto(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
 auto.__name__ = "auto"
 
 
-def plan(gm: Any, example_inputs: Any, **options: Any) -> Plan:
-    """The routing decision for one FX graph without compiling or running it."""
+def plan(model: Any, example_inputs: Any, *, device: str | None = None, **options: Any) -> Plan:
+    """The routing decision for one FX graph (or module) without compiling or running it;
+    ``device="mps"`` plans for a device this machine need not have."""
     from .backend import plan as plan_fn
 
-    return plan_fn(gm, example_inputs, **options)
+    return plan_fn(model, example_inputs, device=device, **options)
 
 
 def explain(fn: Any, *args: Any, **kwargs: Any) -> Explanation:

@@ -86,15 +86,26 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Co
 auto.__name__ = "auto"
 
 
-def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any) -> Plan:
+def plan(
+    model: torch.nn.Module, example_inputs: Sequence[Any], *, device: str | None = None, **options: Any
+) -> Plan:
     """The routing decision for one FX graph, without compiling or running anything.
 
-    ``gm`` comes from Dynamo or ``torch.fx.symbolic_trace``; ``example_inputs``
-    may be real or fake tensors on any device (``FakeTensorMode`` makes ``cuda``
-    and ``mps`` tensors on a machine that has neither). Gradients are planned
-    for when grad mode is on and a parameter or input requires grad.
+    ``model`` is a graph from Dynamo or ``torch.fx.symbolic_trace``, or a module,
+    which is traced with ``symbolic_trace``. ``example_inputs`` may be real or
+    fake tensors on any device. ``device="mps"`` (or ``"cuda"``) plans for that
+    device on a machine without it: a copy of the model with fake weights and
+    fake inputs there (``dispatch/dry_run.py``); the model itself is untouched.
+    Gradients are planned for when grad mode is on and a parameter or input
+    requires grad.
     """
+    from .dry_run import check_devices, on_device
+
     config = Config.resolve(options)
+    if device is not None:
+        model, example_inputs = on_device(model, example_inputs, device)
+    check_devices(model, example_inputs)
+    gm = model if isinstance(model, torch.fx.GraphModule) else torch.fx.symbolic_trace(model)
     compiler = _GraphCompiler(config, 0, plan_only=True)
     with using(ArtifactCache(config.cache_dir)):
         compiler.aot(_returning_tuple(gm), example_inputs)

@@ -239,3 +239,25 @@ def test_strict_advice_names_the_variables_the_user_set(monkeypatch):
     message = str(error.value)
     assert "unset DISPATCH_STRICT" in message and "unset DISPATCH_ROUTE" in message
     assert "options[" not in message
+
+
+def test_plan_for_a_device_this_machine_lacks():
+    model, x = MLP(), torch.randn(4, 16)
+    before = [p.clone() for p in model.parameters()]
+    plan = dispatch.plan(model, [x], device="mps")
+    assert plan.regions and all(r.devices == {"mps"} and r.route == "eager" for r in plan.regions)
+    assert "mps graphs run eager" in plan.regions[0].rejected["inductor"]
+    # the user's model is untouched: real weights, on cpu, unchanged
+    for p, q in zip(model.parameters(), before):
+        assert p.device.type == "cpu" and not isinstance(p, torch._subclasses.FakeTensor)
+        assert torch.equal(p, q)
+    cuda = dispatch.plan(model, [x], device="cuda")
+    assert [(r.route, r.inner_route) for r in cuda.regions] == [("cudagraphs", "inductor")]
+
+
+def test_model_and_inputs_on_different_devices_say_what_to_move():
+    mode = FakeTensorMode()
+    (x,) = fake_inputs(mode, "mps", (4, 16))
+    with pytest.raises(dispatch.DispatchError, match="weights are on cpu and its inputs on mps") as error:
+        dispatch.plan(torch.fx.symbolic_trace(MLP()), [x])
+    assert "device='mps'" in str(error.value)
