@@ -70,9 +70,13 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
+    """ruff (lint and format) and mypy (the package's types, configured in pyproject.toml)."""
     session.install("ruff>=0.8")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    install(session)
+    session.install("mypy>=1.10")
+    session.run("mypy")
 
 
 @nox.session(python=PYTHON)

@@ -37,7 +37,7 @@ def aot_compile(
     from torch._dynamo.utils import counters, flatten_graph_inputs
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    compilers = {
+    compilers: dict[str, Any] = {
         "fw_compiler": fw_compiler,
         "bw_compiler": bw_compiler,
         "inference_compiler": inference_compiler,

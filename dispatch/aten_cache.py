@@ -204,7 +204,7 @@ def _source_digest() -> str:
     """Our code that shapes the aten graph: the decompositions and the AOTAutograd call."""
     h = hashlib.sha256()
     for module in (decompositions, aot):
-        h.update(Path(module.__file__).read_bytes())
+        h.update(Path(str(module.__file__)).read_bytes())
     return h.hexdigest()
 
 

@@ -11,6 +11,7 @@ nothing.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ class Tuning:
     reasons: dict[str, str] = field(default_factory=dict)
 
     def ranking(self) -> list[str]:
-        return sorted(self.seconds, key=self.seconds.get)
+        return sorted(self.seconds, key=lambda route: self.seconds[route])
 
 
 def measure(
@@ -148,8 +149,12 @@ def check_close(expected: Sequence[Any], got: Sequence[Any]) -> None:
                 rtol=rtol,
                 atol=atol,
                 check_device=True,
-                msg=lambda m, i=i: f"output {i} differs from eager: {m}",
+                msg=functools.partial(_differs, i),
             )
+
+
+def _differs(index: int, message: str) -> str:
+    return f"output {index} differs from eager: {message}"
 
 
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:

@@ -146,7 +146,7 @@ class _GraphCompiler:
         key = None
         if cache is not None:
             key = aten_graph_key(gm, example_inputs, self.static_inputs, self.decompositions is not None)
-        if key is not None:
+        if cache is not None and key is not None:
             cached = load_aten_graph(cache, key)
             if cached is not None:
                 direct = self._from_cached(cached, example_inputs)
@@ -170,7 +170,7 @@ class _GraphCompiler:
         ):
             # AOTAutograd's runtime wrapper has nothing to do for this graph (no
             # mutation, no alias, no subclass, no autocast): skip its per-call cost.
-            if key is not None and self.source is not None:
+            if cache is not None and key is not None and self.source is not None:
                 save_aten_graph(cache, key, self.source)
             return direct.forward
         return wrapped
@@ -215,7 +215,7 @@ class _GraphCompiler:
                 raise
             # Raised at call time: an error raised while Dynamo compiles would reach
             # the user wrapped in BackendCompilerFailed instead of its own type.
-            return make_boxed_func(_raiser(error))  # type: ignore[no-untyped-call]
+            return make_boxed_func(_raiser(error))
         self.plans.append(graph_plan)
         if self.plan_only:
             return gm

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -93,12 +93,12 @@ def node_device_indices(node: torch.fx.Node) -> frozenset[torch.device]:
     return frozenset(devices)
 
 
-def first_device(values: object) -> torch.device:
+def first_device(values: Iterable[object]) -> torch.device:
     """The device of the first tensor among ``values`` (cpu if there is none)."""
     return next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
 
 
-def needs_gradients(example_inputs: object) -> bool:
+def needs_gradients(example_inputs: Iterable[object]) -> bool:
     """Whether AOTAutograd will trace a training graph for these inputs: grad mode
     is on and one of them requires grad."""
     return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in example_inputs)

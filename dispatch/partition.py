@@ -11,6 +11,7 @@ not shredded into tiny regions whose hand-over costs more than they gain.
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch.fx
@@ -20,13 +21,13 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from .inspect import META_STATIC, META_VAL, is_view_op, op_name
 from .region import Region
-from .routes import registry
+from .routes.registry import registry
 
 if TYPE_CHECKING:
-    from .plan import NodeChoice
+    from .planner import NodeChoice
 
 
-def _compute_count(nodes: object) -> int:
+def _compute_count(nodes: Iterable[torch.fx.Node]) -> int:
     """Ops that compute: getitem and views (which only re-describe memory) do not count."""
     return sum(
         1 for n in nodes if n.op == "call_function" and n.target is not operator.getitem and not is_view_op(n)
@@ -47,12 +48,12 @@ def form_regions(
     higher-priority route are formed first.
     """
     # fuse_by_partitions rebuilds the graph, so nodes are matched by name and target.
-    choices = _ByName(choices)
+    by_name = _ByName(choices)
     regions: list[Region] = []
-    places = list(dict.fromkeys((c.device, c.place) for c in choices.values()))
+    places = list(dict.fromkeys((c.device, c.place) for c in by_name.values()))
     for device, place in places:
         for route in orders[device]:
-            partitions = _propose(gm, choices, route, place)
+            partitions = _propose(gm, by_name, route, place)
             kept = []
             floor = registry.get(route).min_region_size or min_region_size
             for partition in partitions:
@@ -60,14 +61,14 @@ def form_regions(
                 if (
                     route != "eager"
                     and size < floor
-                    and _demote(partition.nodes, choices, route, size, floor)
+                    and _demote(partition.nodes, by_name, route, size, floor)
                 ):
                     continue
                 kept.append(partition)
             if not kept:
                 continue
             prefix = f"{route}_{place.replace(':', '')}_"
-            described = [_describe(p.nodes, choices, route, device, graph_index, kind) for p in kept]
+            described = [_describe(p.nodes, by_name, route, device, graph_index, kind) for p in kept]
             fuse_by_partitions(gm, [dict(p.nodes) for p in kept], prefix=prefix, always_return_tuple=True)
             for i, region in enumerate(described):
                 region.name = f"{prefix}{i}"
@@ -83,7 +84,7 @@ class _ByName(dict):
     def __init__(self, choices: dict[torch.fx.Node, NodeChoice]) -> None:
         super().__init__({(n.name, n.target): c for n, c in choices.items()})
 
-    def get(self, node: torch.fx.Node, default: object = None) -> NodeChoice | None:  # type: ignore[override]
+    def get(self, node: torch.fx.Node, default: object = None) -> NodeChoice | None:
         return super().get((node.name, node.target), default)
 
     def __getitem__(self, node: torch.fx.Node) -> NodeChoice:
@@ -104,7 +105,7 @@ def _propose(gm: torch.fx.GraphModule, choices: dict, route: str, place: str) ->
     return partitioner.propose_partitions()
 
 
-def _demote(nodes: object, choices: dict, route: str, size: int, min_size: int) -> bool:
+def _demote(nodes: Iterable[torch.fx.Node], choices: dict, route: str, size: int, min_size: int) -> bool:
     """Hand a too-small partition's nodes to their next route; False if none has one."""
     if any(len(choices[n].chain) < 2 for n in nodes if n in choices):
         return False
@@ -116,7 +117,9 @@ def _demote(nodes: object, choices: dict, route: str, size: int, min_size: int) 
     return True
 
 
-def _describe(nodes: object, choices: dict, route: str, device: str, graph_index: int, kind: str) -> Region:
+def _describe(
+    nodes: Iterable[torch.fx.Node], choices: dict, route: str, device: str, graph_index: int, kind: str
+) -> Region:
     ordered = [n for n in nodes if n.op == "call_function"]
     reasons: dict[str, dict[str, None]] = {}
     fallbacks: list[str] = []

@@ -27,7 +27,7 @@ from .inspect import (
 )
 from .partition import form_regions
 from .region import GraphPlan
-from .routes import Availability, Route, registry
+from .routes import Availability, Route, WrappingRoute, registry
 from .rules import default_rule
 
 # Why a route was rejected, so that strict mode raises the matching error.
@@ -127,8 +127,9 @@ def choose_routes(
     orders: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
     prepared: set[str] = set()
     for node in compute_nodes(gm):
-        if node.target is operator.getitem and node.args[0] in choices:
-            producer = choices[node.args[0]]
+        source = node.args[0] if node.target is operator.getitem else None
+        if isinstance(source, torch.fx.Node) and source in choices:
+            producer = choices[source]
             choices[node] = NodeChoice(
                 producer.device, producer.chain, producer.rejected, producer.why, producer.place
             )
@@ -210,6 +211,7 @@ def _plan_capture(
         if wrapper is None:
             continue
         route = registry.get(wrapper)
+        assert isinstance(route, WrappingRoute)
         reason = None if route.serves_device(device) else route.device_reason(device)
         if reason is None and facts.needs_grad and not route.trains:
             reason = f"{facts.kind} graph of a training step: {wrapper} captures inference graphs only"

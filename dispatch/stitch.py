@@ -24,7 +24,7 @@ from .cache import ArtifactCache, region_key, using
 from .config import Config
 from .errors import RouteFailedError
 from .region import GraphPlan, Region
-from .routes import CompiledFn, registry
+from .routes import CompiledFn, WrappingRoute, registry
 
 log = logging.getLogger("dispatch")
 
@@ -47,6 +47,7 @@ def stitch(gm: torch.fx.GraphModule, plan: GraphPlan, config: Config) -> torch.f
     about 4 µs per region to every call (measured)."""
     for region in plan.regions:
         sub = gm.get_submodule(region.name)
+        assert isinstance(sub, torch.fx.GraphModule)
         delattr(gm, region.name)
         setattr(gm, region.name, RegionRunner(sub, region, config))
     return gm
@@ -151,7 +152,10 @@ class RegionRunner:
 
     def _compile(self, route: str, args: Sequence[Any]) -> CompiledFn:
         chosen = registry.get(route)
-        if chosen.wraps:
+        if isinstance(chosen, WrappingRoute):
+            assert self.region.inner_route is not None, (
+                f"{self.region.name}: a capture without its inner route"
+            )
             inner = registry.get(self.region.inner_route).compile(self.gm, args)
             return chosen.wrap(inner, self.gm, args, outputs_survive=not self.config.reduce_overhead)
         return chosen.compile(self.gm, args)

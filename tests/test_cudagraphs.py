@@ -89,11 +89,14 @@ def test_each_thread_captures_its_own_graph(trees):
     gm, inner = _region()
     run = registry.get("cudagraphs").wrap(inner, gm, [torch.randn(4)])
     results: dict[int, torch.Tensor] = {}
+    together = threading.Barrier(3)  # all alive at once: thread idents are reused after a thread ends
 
     def call(i: int) -> None:
         x = torch.full((4,), float(i))
+        together.wait()
         for _ in range(3):
             (results[i],) = run(x)
+        together.wait()
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
     for t in threads:

@@ -62,7 +62,7 @@ def _symbolic_inputs(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> 
             dynamic = [
                 DimDynamic.DYNAMIC if isinstance(s, torch.SymInt) else DimDynamic.STATIC for s in sizes
             ]
-            context = StatelessSymbolicContext(dynamic_sizes=dynamic)
+            context: StatelessSymbolicContext = StatelessSymbolicContext(dynamic_sizes=dynamic)
             fakes.append(mode.from_tensor(arg, source=source, symbolic_context=context))
         elif isinstance(value, torch.SymInt) and isinstance(arg, int):
             fakes.append(shape_env.create_symintnode(shape_env.create_symbol(arg, source), hint=arg))

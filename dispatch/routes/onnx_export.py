@@ -161,7 +161,7 @@ def _transposed_constant(node: Any) -> torch.fx.Node | None:
     if not isinstance(node, torch.fx.Node) or node.op != "call_function" or node.kwargs:
         return None
     if node.target is aten.t.default or (
-        node.target is aten.permute.default and list(node.args[1]) == [1, 0]
+        node.target is aten.permute.default and node.args[1] in ([1, 0], (1, 0))
     ):
         source = node.args[0]
         if isinstance(source, torch.fx.Node) and source.op == "get_attr":
@@ -180,12 +180,12 @@ def _export(module: torch.nn.Module, args: tuple[Any, ...], dynamic_shapes: Any)
     every call); should that private signature change, the public one is used."""
     program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
     try:
-        from torch.onnx._internal.exporter import _core
+        from torch.onnx._internal.exporter import _core as core
     except ImportError:
-        _core = None
-    if _core is not None:
+        core = None  # type: ignore[assignment]
+    if core is not None:
         try:
-            return _core.export(
+            return core.export(
                 program, args, None, registry=onnx_registry(), optimize=True, verbose=False, report=False
             )
         except TypeError:
