@@ -15,6 +15,7 @@ import copy
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -73,13 +74,14 @@ def auto(
 
 
 def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config) -> Callable[..., Any]:
-    compiler = _GraphCompiler(config, recorder.next_graph_index(), plan_only=False)
-    compiler.static_inputs = static_input_positions(gm)
-    compiler.input_names = input_names(gm)
-    compiler.lifted = sum(1 for _ in gm.parameters()) + sum(1 for _ in gm.buffers())
-    compiler.num_inputs = len(example_inputs)
-    if _onnxrt_may_run(config, example_inputs):
-        compiler.decompositions = onnx_friendly()
+    decompositions = onnx_friendly() if _onnxrt_may_run(config, example_inputs) else None
+    compiler = _GraphCompiler(
+        config,
+        recorder.next_graph_index(),
+        plan_only=False,
+        inputs=DynamoInputs.of(gm, example_inputs),
+        decompositions=decompositions,
+    )
     return compiler.aot(gm, example_inputs)
 
 
@@ -124,20 +126,41 @@ def _returning_tuple(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
+@dataclass(frozen=True)
+class DynamoInputs:
+    """What the compiler knows of a Dynamo graph's inputs: which are parameters or
+    buffers, the user's names for them, how many parameters AOTAutograd lifts
+    in front of them, and how many there are. Empty for ``plan``."""
+
+    static: frozenset[int] = frozenset()
+    names: Mapping[int, str] = field(default_factory=dict)
+    lifted: int = 0
+    count: int = 0
+
+    @classmethod
+    def of(cls, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> DynamoInputs:
+        lifted = sum(1 for _ in gm.parameters()) + sum(1 for _ in gm.buffers())
+        return cls(static_input_positions(gm), input_names(gm), lifted, len(example_inputs))
+
+
 class _GraphCompiler:
     """Plans (and, unless ``plan_only``, stitches) the aten graphs of one Dynamo graph."""
 
-    def __init__(self, config: Config, graph_index: int, plan_only: bool) -> None:
+    def __init__(
+        self,
+        config: Config,
+        graph_index: int,
+        plan_only: bool,
+        inputs: DynamoInputs | None = None,
+        decompositions: dict[Any, Callable[..., Any]] | None = None,
+    ) -> None:
         self.config = config
         self.graph_index = graph_index
         self.plan_only = plan_only
+        self.inputs = inputs or DynamoInputs()
+        self.decompositions = decompositions
         self.plans: list = []
         self.direct: torch.fx.GraphModule | None = None
-        self.static_inputs: frozenset[int] = frozenset()
-        self.input_names: dict[int, str] = {}
-        self.lifted = 0
-        self.num_inputs = 0
-        self.decompositions: dict[Any, Callable[..., Any]] | None = None
         self.source_wanted = False  # keep the inference graph's source, to store it
         self.source: GraphSource | None = None
 
@@ -145,7 +168,7 @@ class _GraphCompiler:
         cache = None if self.plan_only else current_cache()
         key = None
         if cache is not None:
-            key = aten_graph_key(gm, example_inputs, self.static_inputs, self.decompositions is not None)
+            key = aten_graph_key(gm, example_inputs, self.inputs.static, self.decompositions is not None)
         if cache is not None and key is not None:
             cached = load_aten_graph(cache, key)
             if cached is not None:
@@ -204,10 +227,11 @@ class _GraphCompiler:
                 gm, self.source = stored
         placeholders = gm.graph.find_nodes(op="placeholder")
         names: dict[int, str] = {}
-        if kind != GRAPH_BACKWARD and len(placeholders) == self.lifted + self.num_inputs:
-            names = {self.lifted + i: name for i, name in self.input_names.items()}
+        lifted = self.inputs.lifted
+        if kind != GRAPH_BACKWARD and len(placeholders) == lifted + self.inputs.count:
+            names = {lifted + i: name for i, name in self.inputs.names.items()}
             if kind == GRAPH_INFERENCE:
-                mark_static_inputs(gm, self.static_inputs, self.lifted, _mutated_inputs())
+                mark_static_inputs(gm, self.inputs.static, lifted, _mutated_inputs())
         try:
             graph_plan, split = plan_graph(gm, kind, self.config, self.graph_index, names)
         except DispatchError as error:
