@@ -36,10 +36,10 @@ def copy_bandwidth() -> float:
 def run() -> dict:
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device on this machine: kernel and cudagraphs benchmarks need one"}
-    import kernels.layer_norm as ln
-    import kernels.matmul as mm
-    import kernels.rms_norm as rms
-    import kernels.softmax as sm
+    import dispatch.kernels.layer_norm as ln
+    import dispatch.kernels.matmul as mm
+    import dispatch.kernels.rms_norm as rms
+    import dispatch.kernels.softmax as sm
 
     peak = copy_bandwidth()
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)

@@ -1,8 +1,8 @@
-"""Triton kernels for the ``triton`` route, one family per file.
+"""Triton kernels for the ``triton`` route, one family per file (installed as ``dispatch.kernels``).
 
 Each module names the aten op(s) it replaces, exposes a launcher and a torch
 ``reference`` that its tests compare against. ``triton`` is imported lazily:
-``import kernels`` works without it; calling a launcher needs it (and CUDA
+``import dispatch.kernels`` works without it; calling a launcher needs it (and CUDA
 tensors, or CPU tensors under ``TRITON_INTERPRET=1``).
 """
 
@@ -30,4 +30,4 @@ def __getattr__(name: str) -> Any:
         from .matmul import linear_act
 
         return linear_act
-    raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    raise AttributeError(f"module 'dispatch.kernels' has no attribute {name!r}")

@@ -22,7 +22,7 @@ def randn(*shape, dtype=torch.float32, scale=1.0):
     [((3, 7), None), ((5, 1), None), ((2, 4, 50), 16), ((4, 5000), None), ((1, 129), 32)],
 )
 def test_softmax(shape, block, dtype):
-    from kernels.softmax import reference, softmax
+    from dispatch.kernels.softmax import reference, softmax
 
     x = randn(*shape, dtype=dtype, scale=10.0)
     rtol, atol = TOL[dtype]
@@ -30,7 +30,7 @@ def test_softmax(shape, block, dtype):
 
 
 def test_softmax_is_stable_and_handles_masked_rows():
-    from kernels.softmax import softmax
+    from dispatch.kernels.softmax import softmax
 
     x = randn(3, 40) * 1e4  # exp would overflow without the max subtraction
     x[1, :20] = float("-inf")
@@ -42,7 +42,7 @@ def test_softmax_is_stable_and_handles_masked_rows():
 
 
 def test_softmax_rejects_other_dims():
-    from kernels.softmax import softmax
+    from dispatch.kernels.softmax import softmax
 
     with pytest.raises(ValueError, match="last dimension"):
         softmax(randn(3, 4), dim=0)
@@ -55,7 +55,7 @@ def test_softmax_rejects_other_dims():
 )
 @pytest.mark.parametrize("affine", [True, False])
 def test_layer_norm(shape, normalized, block, dtype, affine):
-    from kernels.layer_norm import layer_norm, reference
+    from dispatch.kernels.layer_norm import layer_norm, reference
 
     x = randn(*shape, dtype=dtype, scale=3.0) + 1.5
     weight = randn(*normalized, dtype=dtype) if affine else None
@@ -71,7 +71,7 @@ def test_layer_norm(shape, normalized, block, dtype, affine):
 
 
 def test_layer_norm_stats_dtype_follows_aten_on_cuda_for_half():
-    from kernels.layer_norm import layer_norm
+    from dispatch.kernels.layer_norm import layer_norm
 
     x = randn(4, 8, dtype=torch.float16)
     _, mean, rstd = layer_norm(x, (8,), None, None, 1e-5, stats_dtype=torch.float32)
@@ -83,7 +83,7 @@ def test_layer_norm_stats_dtype_follows_aten_on_cuda_for_half():
 @pytest.mark.parametrize("shape, block", [((3, 7), None), ((2, 5, 33), 8), ((4, 1), None)])
 @pytest.mark.parametrize("weighted", [True, False])
 def test_rms_norm(shape, block, dtype, weighted):
-    from kernels.rms_norm import reference, rms_norm
+    from dispatch.kernels.rms_norm import reference, rms_norm
 
     x = randn(*shape, dtype=dtype, scale=2.0)
     weight = randn(shape[-1], dtype=dtype) if weighted else None
@@ -98,7 +98,7 @@ def test_rms_norm(shape, block, dtype, weighted):
 @pytest.mark.parametrize("activation", ["none", "relu", "gelu", "gelu_tanh", "silu"])
 @pytest.mark.parametrize("m, k, n", [(33, 40, 20), (1, 17, 3), (16, 16, 16)])
 def test_linear_act(m, k, n, activation, dtype):
-    from kernels.matmul import linear_act, reference
+    from dispatch.kernels.matmul import linear_act, reference
 
     a = randn(m, k, dtype=dtype)
     weight = randn(n, k, dtype=dtype)  # as nn.Linear stores it: b is its transpose
@@ -113,7 +113,7 @@ def test_linear_act(m, k, n, activation, dtype):
 
 
 def test_linear_act_checks_its_arguments():
-    from kernels.matmul import linear_act
+    from dispatch.kernels.matmul import linear_act
 
     with pytest.raises(ValueError, match="do not chain"):
         linear_act(randn(3, 4), randn(5, 6))
@@ -122,7 +122,7 @@ def test_linear_act_checks_its_arguments():
 
 
 def test_kernels_refuse_cpu_tensors_outside_the_interpreter(monkeypatch):
-    from kernels.softmax import softmax
+    from dispatch.kernels.softmax import softmax
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
@@ -133,12 +133,12 @@ def test_kernels_refuse_cpu_tensors_outside_the_interpreter(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernels_on_cuda_large(dtype):
-    from kernels.layer_norm import layer_norm
-    from kernels.layer_norm import reference as ln_ref
-    from kernels.rms_norm import reference as rms_ref
-    from kernels.rms_norm import rms_norm
-    from kernels.softmax import reference as sm_ref
-    from kernels.softmax import softmax
+    from dispatch.kernels.layer_norm import layer_norm
+    from dispatch.kernels.layer_norm import reference as ln_ref
+    from dispatch.kernels.rms_norm import reference as rms_ref
+    from dispatch.kernels.rms_norm import rms_norm
+    from dispatch.kernels.softmax import reference as sm_ref
+    from dispatch.kernels.softmax import softmax
 
     x = torch.randn(4096, 8192, device="cuda", dtype=dtype)
     w = torch.randn(8192, device="cuda", dtype=dtype)

@@ -48,3 +48,17 @@ def test_doctor_says_why_routes_are_off():
     assert "no" in lines["onnxrt"].split() and "onnxruntime" in lines["onnxrt"]
     assert "no" in lines["triton"].split() and "triton is not installed" in lines["triton"]
     assert "yes" in lines["eager"].split()
+
+
+def test_kernels_install_under_the_dispatch_namespace(tmp_path):
+    """A top-level ``kernels`` package would overwrite (or be overwritten by) the
+    ``kernels`` distribution that transformers loads hub kernels from."""
+    code = (
+        "import importlib.util, dispatch.kernels._launch as launch\n"
+        "print(launch.__name__, importlib.util.find_spec('kernels'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["dispatch.kernels._launch", "None"]

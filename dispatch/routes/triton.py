@@ -26,7 +26,7 @@ from .triton_patterns import PatternMatch, find_patterns
 
 
 def _interpreting() -> bool:
-    from kernels._launch import interpreting
+    from dispatch.kernels._launch import interpreting
 
     return interpreting()
 

@@ -93,7 +93,7 @@ def _softmax(node: torch.fx.Node) -> Found:
         return None
     if dtype_of(x) not in FLOATS:
         return Refusal("softmax", (node,), f"input dtype {dtype_of(x)}: the kernel takes {_names(FLOATS)}")
-    from kernels.softmax import softmax
+    from dispatch.kernels.softmax import softmax
 
     return PatternMatch("softmax", [node], node, softmax, (x,))
 
@@ -107,7 +107,7 @@ def _layer_norm(node: torch.fx.Node) -> Found:
             return Refusal(
                 "layer_norm", (node,), f"{name} dtype {dtype_of(arg)}: the kernel takes {_names(FLOATS)}"
             )
-    from kernels.layer_norm import layer_norm
+    from dispatch.kernels.layer_norm import layer_norm
 
     mean = node.meta[META_VAL][1]
     return PatternMatch(
@@ -179,7 +179,7 @@ def _rms_norm(node: torch.fx.Node) -> Found:
             return Refusal(
                 "rms_norm", tuple(nodes), f"{name} dtype {dtype_of(arg)}: the kernel takes {_names(FLOATS)}"
             )
-    from kernels.rms_norm import rms_norm
+    from dispatch.kernels.rms_norm import rms_norm
 
     return PatternMatch(
         "rms_norm", nodes, out, rms_norm, (x, weight, add.args[1]), {"out_dtype": dtype_of(out)}
@@ -239,7 +239,7 @@ def _linear_act(node: torch.fx.Node) -> Found:
     reason = _linear_reason(a, b, bias, src)
     if reason is not None:
         return Refusal(f"linear_{activation}", tuple(nodes), reason)
-    from kernels.matmul import linear_act
+    from dispatch.kernels.matmul import linear_act
 
     first = nodes[0]
     a_view, b_view = _absorb_view(a, first, nodes), _absorb_view(b, first, nodes)
