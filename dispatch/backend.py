@@ -39,7 +39,7 @@ from .inspect import (
     static_input_positions,
 )
 from .planner import availability, plan_graph
-from .record import recorder
+from .record import GraphRecord, recorder
 from .region import Plan, region_table
 from .routes import registry
 from .stitch import COMPILE_LOCK, stitch
@@ -160,7 +160,8 @@ class _GraphCompiler:
         self.inputs = inputs or DynamoInputs()
         self.decompositions = decompositions
         self.plans: list = []
-        self.direct: torch.fx.GraphModule | None = None
+        #: the program and its input count, where AOTAutograd's wrapper would do nothing
+        self.direct: tuple[Callable[..., Any], int] | None = None
         self.source_wanted = False  # keep the inference graph's source, to store it
         self.source: GraphSource | None = None
 
@@ -172,9 +173,9 @@ class _GraphCompiler:
         if cache is not None and key is not None:
             cached = load_aten_graph(cache, key)
             if cached is not None:
-                direct = self._from_cached(cached, example_inputs)
-                if direct is not None:
-                    return direct
+                from_cache = self._from_cached(cached, example_inputs)
+                if from_cache is not None:
+                    return from_cache
             self.source_wanted = True
         wrapped = aot_compile(
             gm,
@@ -189,13 +190,13 @@ class _GraphCompiler:
             direct is not None
             and not any(True for _ in gm.parameters())
             and not any(True for _ in gm.buffers())
-            and len(direct.graph.find_nodes(op="placeholder")) == len(example_inputs)
+            and direct[1] == len(example_inputs)
         ):
             # AOTAutograd's runtime wrapper has nothing to do for this graph (no
             # mutation, no alias, no subclass, no autocast): skip its per-call cost.
             if cache is not None and key is not None and self.source is not None:
                 save_aten_graph(cache, key, self.source)
-            return direct.forward
+            return direct[0]
         return wrapped
 
     def _from_cached(
@@ -212,7 +213,7 @@ class _GraphCompiler:
             return None
         counters["aot_autograd"]["total"] += 1  # as aot_compile counts (DDP's optimizer reads it)
         counters["aot_autograd"]["ok"] += 1
-        return self.direct.forward
+        return self.direct[0]
 
     def compile(
         self,
@@ -243,7 +244,6 @@ class _GraphCompiler:
         self.plans.append(graph_plan)
         if self.plan_only:
             return gm
-        recorder.publish(graph_plan)
         log.info(
             "graph %d (%s): %s",
             self.graph_index,
@@ -252,11 +252,13 @@ class _GraphCompiler:
         )
         log.debug("graph %d (%s) regions:\n%s", self.graph_index, kind, region_table(graph_plan.regions))
         stitched = stitch(split, graph_plan, self.config)
+        recorder.publish(GraphRecord(graph_plan, stitched))
+        program: Callable[..., Any] = stitched
         if kind == GRAPH_INFERENCE and self.config.autotune and len(graph_plan.regions) > 1:
-            stitched.forward = WholeGraphCheck(stitched, self.config)
+            program = WholeGraphCheck(stitched, self.config)
         if kind == GRAPH_INFERENCE and (wrapper_is_identity or _wrapper_is_identity()):
-            self.direct = stitched
-        return make_boxed_func(stitched)
+            self.direct = (program, stitched.inputs)
+        return make_boxed_func(program)
 
 
 def _configure_logging(level: str) -> None:

@@ -109,7 +109,7 @@ def explain(
         ops_per_graph=out.ops_per_graph,
         out_guards=out.out_guards,
         compile_times=out.compile_times,
-        plans=list(plans),
+        plans=[record.outcome() for record in plans],
     )
 
 

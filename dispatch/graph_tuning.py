@@ -15,14 +15,12 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import torch.fx
-from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils._python_dispatch import _disable_current_modes
 
 from . import autotune
 from .cache import ArtifactCache, region_key
 from .config import Config
-from .stitch import COMPILE_LOCK, RegionRunner
+from .stitch import COMPILE_LOCK, StitchedGraph
 
 AS_ROUTED = "as routed"
 ALL_EAGER = "all eager"
@@ -30,20 +28,17 @@ WHOLE_GRAPH = "whole graph"  # the key of this measurement in each region's ``me
 
 
 class WholeGraphCheck:
-    """The forward of a stitched inference graph of several regions under autotune.
+    """A stitched inference graph of several regions, under autotune.
 
     Its first call runs the graph (each region measures and compiles), then
     compares the whole graph as routed with the whole graph on eager, and moves
     every region to eager where that is faster."""
 
-    def __init__(self, gm: torch.fx.GraphModule, config: Config) -> None:
-        if isinstance(gm, _LazyGraphModule) and gm._needs_recompile():
-            # A lazy module's forward recompiles, then calls ``gm.forward``: this object.
-            gm.real_recompile()
-        self.forward = type(gm).forward.__get__(gm)
-        self.runners = [v for v in vars(gm).values() if isinstance(v, RegionRunner)]
+    def __init__(self, stitched: StitchedGraph, config: Config) -> None:
+        self.forward = stitched.forward
+        self.runners = stitched.runners
         self.cache = ArtifactCache(config.cache_dir)
-        self.gm = gm
+        self.gm = stitched.gm
         self.pending = config.allows("eager")
         self._lock = threading.Lock()
 
@@ -90,7 +85,7 @@ class WholeGraphCheck:
     def _apply(self, decision: dict[str, Any]) -> None:
         line = f"{AS_ROUTED} {decision[AS_ROUTED]}, {ALL_EAGER} {decision[ALL_EAGER]}"
         for runner in self.runners:
-            runner.region.measured[WHOLE_GRAPH] = line
+            runner.run.measured[WHOLE_GRAPH] = line
         if decision["eager wins"]:
             for runner in self.runners:
                 if runner.chain[0] != "eager":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch.fx
@@ -70,9 +71,7 @@ def form_regions(
             prefix = f"{route}_{place.replace(':', '')}_"
             described = [_describe(p.nodes, by_name, route, device, graph_index, kind) for p in kept]
             fuse_by_partitions(gm, [dict(p.nodes) for p in kept], prefix=prefix, always_return_tuple=True)
-            for i, region in enumerate(described):
-                region.name = f"{prefix}{i}"
-                regions.append(region)
+            regions += [replace(region, name=f"{prefix}{i}") for i, region in enumerate(described)]
     gm.recompile()
     _annotate_placeholders(gm, {r.name for r in regions})
     return regions

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch.fx
 
@@ -26,7 +26,7 @@ from .inspect import (
     returns_to_caller,
 )
 from .partition import form_regions
-from .region import GraphPlan
+from .region import GraphPlan, Region
 from .routes import Availability, Route, WrappingRoute, registry
 from .rules import default_rule
 
@@ -194,7 +194,7 @@ def plan_graph(
     devices = {c.device for c in choices.values()} | set(facts.devices)
     order = {device: route_order(device, kind, config)[0] for device in sorted(devices)}
     regions = form_regions(gm, choices, order, config.min_region_size, graph_index, kind)
-    _plan_capture(gm, regions, order, facts)
+    regions = _plan_capture(gm, regions, order, facts)
     plan = GraphPlan(
         graph_index, kind, facts.devices, facts.dynamic, facts.node_count, order, regions, facts.dynamic_dims
     )
@@ -202,27 +202,37 @@ def plan_graph(
 
 
 def _plan_capture(
-    gm: torch.fx.GraphModule, regions: list, order: dict[str, tuple[str, ...]], facts: GraphFacts
-) -> None:
-    """Wrap each capture-safe region in ``cudagraphs`` where its device's order allows it."""
-    for region in regions:
-        (device,) = region.devices
-        wrapper = next((r for r in order.get(device, ()) if registry.get(r).wraps), None)
-        if wrapper is None:
-            continue
-        route = registry.get(wrapper)
-        assert isinstance(route, WrappingRoute)
-        reason = None if route.serves_device(device) else route.device_reason(device)
-        if reason is None and facts.needs_grad and not route.trains:
-            reason = f"{facts.kind} graph of a training step: {wrapper} captures inference graphs only"
-        reason = reason or route.capture_reason(getattr(gm, region.name), registry.get(region.route))
-        if reason is None:
-            region.inner_route = region.route
-            region.route = wrapper
-            region.fallbacks = (region.inner_route, *region.fallbacks)
-            region.rejected.pop(wrapper, None)
-        else:
-            region.rejected[wrapper] = reason
+    gm: torch.fx.GraphModule, regions: list[Region], order: dict[str, tuple[str, ...]], facts: GraphFacts
+) -> list[Region]:
+    """Each region, wrapped in ``cudagraphs`` where it is capture-safe and its
+    device's order allows it."""
+    return [_captured(gm, region, order, facts) for region in regions]
+
+
+def _captured(
+    gm: torch.fx.GraphModule, region: Region, order: dict[str, tuple[str, ...]], facts: GraphFacts
+) -> Region:
+    (device,) = region.devices
+    wrapper = next((r for r in order.get(device, ()) if registry.get(r).wraps), None)
+    if wrapper is None:
+        return region
+    route = registry.get(wrapper)
+    assert isinstance(route, WrappingRoute)
+    reason = None if route.serves_device(device) else route.device_reason(device)
+    if reason is None and facts.needs_grad and not route.trains:
+        reason = f"{facts.kind} graph of a training step: {wrapper} captures inference graphs only"
+    reason = reason or route.capture_reason(getattr(gm, region.name), registry.get(region.route))
+    rejected = dict(region.rejected)
+    if reason is not None:
+        return replace(region, rejected={**rejected, wrapper: reason})
+    rejected.pop(wrapper, None)
+    return replace(
+        region,
+        route=wrapper,
+        inner_route=region.route,
+        fallbacks=(region.route, *region.fallbacks),
+        rejected=rejected,
+    )
 
 
 def check_forced_route(config: Config, facts: GraphFacts) -> None:
@@ -264,7 +274,7 @@ def _strict_error(
     device = choice.device
     reasons = "; ".join(f"{r}: {choice.rejected[r]}" for r in order if r in choice.rejected)
     where = f"{op_name(node)} (node {node.name}) on {device}"
-    advice = _fallback_advice(config)
+    advice = fallback_advice(config)
     if order and all(choice.why.get(r) == WHY_DEVICE for r in order):
         route = order[0]
         return UnsupportedDeviceError(
@@ -277,7 +287,7 @@ def _strict_error(
     return UnsupportedOpError(f"no allowed route can run {where}: {reasons}. Instead: {advice}")
 
 
-def _fallback_advice(config: Config) -> str:
+def fallback_advice(config: Config) -> str:
     """How to let eager run what the allowed routes cannot, for the settings the user made."""
     steps = []
     if config.strict:

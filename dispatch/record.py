@@ -1,8 +1,10 @@
-"""Where compiled graph plans are published, so that ``explain`` can collect them.
+"""Where compiled graphs are published, so that ``explain`` can collect them.
 
-``recording()`` is a context manager yielding a list that receives every
-``GraphPlan`` compiled while it is open; ``next_graph_index()`` numbers Dynamo
-graphs within the innermost recording.
+``recording()`` is a context manager yielding a list that receives a
+``GraphRecord`` for every graph compiled while it is open: its plan, as made,
+and its regions as they turned out at run time (a route that failed, a
+measurement). ``next_graph_index()`` numbers Dynamo graphs within the
+innermost recording.
 """
 
 from __future__ import annotations
@@ -11,19 +13,43 @@ import itertools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-from .region import GraphPlan
+from .region import GraphPlan, Region
+
+if TYPE_CHECKING:
+    from .stitch import StitchedGraph
+
+
+@dataclass(frozen=True)
+class GraphRecord:
+    """One compiled graph: the plan, and the stitched program that ran it."""
+
+    plan: GraphPlan
+    stitched: StitchedGraph
+
+    @property
+    def regions(self) -> list[Region]:
+        """The regions as they turned out (the plan's where nothing happened)."""
+        return self.stitched.outcome()
+
+    def outcome(self) -> GraphPlan:
+        return replace(self.plan, regions=self.regions)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.plan, name)  # graph, kind, dynamic, ... as the plan says
 
 
 class PlanRecorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._open: list[tuple[list[GraphPlan], itertools.count]] = []
+        self._open: list[tuple[list[GraphRecord], itertools.count]] = []
         self._global = itertools.count()
 
     @contextmanager
-    def recording(self) -> Iterator[list[GraphPlan]]:
-        plans: list[GraphPlan] = []
+    def recording(self) -> Iterator[list[GraphRecord]]:
+        plans: list[GraphRecord] = []
         entry = (plans, itertools.count())
         with self._lock:
             self._open.append(entry)
@@ -39,10 +65,10 @@ class PlanRecorder:
                 return next(self._open[-1][1])
             return next(self._global)
 
-    def publish(self, plan: GraphPlan) -> None:
+    def publish(self, record: GraphRecord) -> None:
         with self._lock:
             for plans, _ in self._open:
-                plans.append(plan)
+                plans.append(record)
 
 
 recorder = PlanRecorder()

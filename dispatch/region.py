@@ -7,19 +7,19 @@ printed, compared in tests and serialised with ``to_dict()``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
-@dataclass
+@dataclass(frozen=True)
 class Region:
-    """One piece of one graph, run by one route.
+    """One piece of one graph, run by one route: a plan, never changed once made.
 
     ``rejected`` maps every route that was not chosen to the reason. A region
     captured in a CUDA graph has ``route == "cudagraphs"`` and names the route
-    that runs inside the capture in ``inner_route``.
-    ``route`` can change after planning when the chosen route fails to compile
-    or run the region; the failure then appears under ``rejected``.
+    that runs inside the capture in ``inner_route``. What happens at run time
+    (a route failing and the next taking over, measurements) is recorded beside
+    the plan in a ``RegionRun``; ``explain`` reports that outcome as a ``Region``.
     """
 
     graph: int
@@ -50,6 +50,41 @@ class Region:
             "fallbacks": list(self.fallbacks),
             "measured": dict(self.measured),
         }
+
+
+@dataclass
+class RegionRun:
+    """What happened to one planned region at run time: the route it runs on now,
+    the routes that failed (in ``rejected``) and what measuring found."""
+
+    planned: Region
+    route: str
+    inner_route: str | None
+    fallbacks: tuple[str, ...]
+    rejected: dict[str, str]
+    measured: dict[str, str]
+
+    @classmethod
+    def of(cls, region: Region) -> RegionRun:
+        return cls(
+            region,
+            region.route,
+            region.inner_route,
+            region.fallbacks,
+            dict(region.rejected),
+            dict(region.measured),
+        )
+
+    def outcome(self) -> Region:
+        """The plan as it turned out: a new record; the plan itself is unchanged."""
+        return replace(
+            self.planned,
+            route=self.route,
+            inner_route=self.inner_route,
+            fallbacks=self.fallbacks,
+            rejected=dict(self.rejected),
+            measured=dict(self.measured),
+        )
 
 
 @dataclass

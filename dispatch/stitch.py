@@ -4,7 +4,9 @@ A runner compiles its region with the planned route on the region's first real
 inputs, and falls back along the region's chain (ending in eager, unless strict
 forbids it) when a route fails to compile, fails to run, or (with ``verify``)
 returns numbers that differ from eager. Each failure warns once and is recorded
-in the region's ``rejected`` reasons, which ``explain`` shows.
+in the runner's ``RegionRun`` beside the plan, which stays as it was made;
+``explain`` shows the outcome. ``stitch`` returns a ``StitchedGraph``, which
+owns the graph and its runners.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .autotune import check_close, format_seconds, measure
 from .cache import ArtifactCache, region_key, using
 from .config import Config
 from .errors import RouteFailedError
-from .region import GraphPlan, Region
+from .planner import fallback_advice
+from .region import GraphPlan, Region, RegionRun
 from .routes import CompiledFn, WrappingRoute, registry
 
 log = logging.getLogger("dispatch")
@@ -39,18 +43,45 @@ class FallbackWarning(UserWarning):
     """A route failed on a region; the region now runs on the next route."""
 
 
-def stitch(gm: torch.fx.GraphModule, plan: GraphPlan, config: Config) -> torch.fx.GraphModule:
+class StitchedGraph:
+    """A split graph whose region submodules run through ``RegionRunner``s.
+
+    Calling it runs the graph's own forward (not ``nn.Module.__call__``, which
+    would add its hooks' cost to every call)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, runners: list[RegionRunner]) -> None:
+        if isinstance(gm, _LazyGraphModule) and gm._needs_recompile():
+            gm.real_recompile()
+        self.gm = gm
+        self.runners = runners
+        self.forward = type(gm).forward.__get__(gm)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.forward(*args)
+
+    @property
+    def inputs(self) -> int:
+        return len(self.gm.graph.find_nodes(op="placeholder"))
+
+    def outcome(self) -> list[Region]:
+        """Each region as it turned out at run time (the plan, where nothing happened)."""
+        return [runner.run.outcome() for runner in self.runners]
+
+
+def stitch(gm: torch.fx.GraphModule, plan: GraphPlan, config: Config) -> StitchedGraph:
     """Replace every region submodule of ``gm`` by a runner for it.
 
     A runner is a plain attribute, not a submodule: the generated code calls
     ``self.<region>(...)`` either way, and ``nn.Module.__call__`` would add
     about 4 µs per region to every call (measured)."""
+    runners = []
     for region in plan.regions:
         sub = gm.get_submodule(region.name)
         assert isinstance(sub, torch.fx.GraphModule)
         delattr(gm, region.name)
-        setattr(gm, region.name, RegionRunner(sub, region, config))
-    return gm
+        runners.append(RegionRunner(sub, region, config))
+        setattr(gm, region.name, runners[-1])
+    return StitchedGraph(gm, runners)
 
 
 class RegionRunner:
@@ -58,7 +89,8 @@ class RegionRunner:
 
     def __init__(self, gm: torch.fx.GraphModule, region: Region, config: Config) -> None:
         self.gm = gm
-        self.region = region
+        self.plan = region
+        self.run = RegionRun.of(region)
         self.config = config
         self.chain = [region.route, *region.fallbacks]
         self.cache = ArtifactCache(config.cache_dir)
@@ -108,7 +140,7 @@ class RegionRunner:
         decision = self.cache.get_json("decision", self._decision_key())
         if decision is None or not set(decision["order"]) <= set(self.chain):
             return False
-        self.region.measured = {r: f"{line} (cached)" for r, line in decision["measured"].items()}
+        self.run.measured = {r: f"{line} (cached)" for r, line in decision["measured"].items()}
         self._reorder(decision["order"], decision["reasons"])
         self._decided = True
         return True
@@ -119,7 +151,7 @@ class RegionRunner:
     def _autotune(self, args: Sequence[Any]) -> None:
         """Reorder the chain by measured speed (or by the cached decision) and
         keep the winner's compiled function."""
-        region = self.region
+        run = self.run
         if self._read_decision():
             return
         key = self._decision_key()
@@ -128,35 +160,33 @@ class RegionRunner:
             tuning = measure(
                 self.chain, lambda route: self._compile(route, args), lambda: self.gm(*args), args
             )
-        region.measured = {r: format_seconds(t) for r, t in tuning.seconds.items()}
-        region.measured.update({r: why for r, why in tuning.reasons.items() if r not in tuning.seconds})
+        run.measured = {r: format_seconds(t) for r, t in tuning.seconds.items()}
+        run.measured.update({r: why for r, why in tuning.reasons.items() if r not in tuning.seconds})
         if tuning.best is None:
             return  # nothing measured: the ordinary chain, with its fallbacks, takes over
         order = tuning.ranking()
         self._reorder(order, tuning.reasons)
         self._fn = tuning.compiled
         self.cache.put_json(
-            "decision", key, {"order": order, "reasons": tuning.reasons, "measured": region.measured}
+            "decision", key, {"order": order, "reasons": tuning.reasons, "measured": run.measured}
         )
 
     def _reorder(self, order: Sequence[str], reasons: dict[str, str]) -> None:
-        region = self.region
+        run = self.run
         self.chain = list(order)
         if "eager" not in self.chain and not self.config.strict:
             self.chain.append("eager")
-        for route, reason in reasons.items():
-            region.rejected[route] = reason
-        region.rejected.pop(self.chain[0], None)
-        region.route = self.chain[0]
-        region.fallbacks = tuple(self.chain[1:])
+        run.rejected.update(reasons)
+        run.rejected.pop(self.chain[0], None)
+        run.route = self.chain[0]
+        run.fallbacks = tuple(self.chain[1:])
 
     def _compile(self, route: str, args: Sequence[Any]) -> CompiledFn:
         chosen = registry.get(route)
         if isinstance(chosen, WrappingRoute):
-            assert self.region.inner_route is not None, (
-                f"{self.region.name}: a capture without its inner route"
-            )
-            inner = registry.get(self.region.inner_route).compile(self.gm, args)
+            inner_route = self.run.inner_route
+            assert inner_route is not None, f"{self.plan.name}: a capture without its inner route"
+            inner = registry.get(inner_route).compile(self.gm, args)
             return chosen.wrap(inner, self.gm, args, outputs_survive=not self.config.reduce_overhead)
         return chosen.compile(self.gm, args)
 
@@ -169,7 +199,7 @@ class RegionRunner:
         """Move this region to eager for good; ``reason`` says why its route lost."""
         with self._lock:
             self._reorder(["eager"], {self.chain[0]: reason})
-            self.region.inner_route = None
+            self.run.inner_route = None
             self._fn = self.gm.forward
 
     def _after_failure(self, failed: CompiledFn, error: Exception, args: Sequence[Any]) -> Any:
@@ -181,22 +211,23 @@ class RegionRunner:
 
     def _next_route(self, stage: str, error: Exception) -> None:
         failed = self.chain.pop(0)
-        region = self.region
+        plan, run = self.plan, self.run
         detail = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-        region.rejected[failed] = f"{stage} failed: {detail}"
-        where = f"region {region.name} ({len(region.ops)} op kinds: {', '.join(region.ops[:4])}{'...' if len(region.ops) > 4 else ''}) on {', '.join(sorted(region.devices))}"
+        run.rejected[failed] = f"{stage} failed: {detail}"
+        ops = ", ".join(plan.ops[:4]) + ("..." if len(plan.ops) > 4 else "")
+        where = f"region {plan.name} of graph {plan.graph} ({len(plan.ops)} op kinds: {ops}) on {', '.join(sorted(plan.devices))}"
         if not self.chain:
             raise RouteFailedError(
                 f"route {failed!r} failed to {stage} {where} and strict mode allows no fallback: "
-                f"{detail}. Instead: unset DISPATCH_STRICT or allow 'eager'."
+                f"{detail}. Instead: {fallback_advice(self.config)}."
             ) from error
-        region.route = self.chain[0]
-        region.fallbacks = tuple(self.chain[1:])
-        if not registry.get(region.route).wraps:
-            region.inner_route = None
+        run.route = self.chain[0]
+        run.fallbacks = tuple(self.chain[1:])
+        if not registry.get(run.route).wraps:
+            run.inner_route = None
         warnings.warn(
             f"dispatch: route {failed!r} failed to {stage} {where}: {detail}; "
-            f"this region now runs on {region.route!r}",
+            f"this region now runs on {run.route!r}",
             FallbackWarning,
             stacklevel=3,
         )

@@ -154,3 +154,19 @@ def test_errors_of_the_eager_reference_reach_the_user_unchanged():
         with pytest.raises(ValueError, match="picky refuses"):
             compiled(torch.full((3,), 1e7))
         torch.testing.assert_close(compiled(torch.ones(3)), torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("demo", ["run-error"], indirect=True)
+def test_the_plan_stays_as_made_and_the_run_is_recorded_beside_it(demo):
+    import dataclasses
+
+    from dispatch.record import recorder
+
+    with recorder.recording() as records, pytest.warns(FallbackWarning):
+        torch.compile(pointwise, backend="auto", options={"routes": ["demo", "eager"]})(*INPUTS)
+    (record,) = records
+    planned, ran = record.plan.regions, record.regions
+    assert [r.route for r in planned] == ["demo"] and "demo" not in planned[0].rejected
+    assert [r.route for r in ran] == ["eager"] and "run failed" in ran[0].rejected["demo"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        planned[0].route = "eager"  # type: ignore[misc]
