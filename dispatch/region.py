@@ -35,6 +35,9 @@ class Region:
     inner_route: str | None = None
     #: with autotune: each candidate route's measured time per call, or why it was not measured
     measured: dict[str, str] = field(default_factory=dict)
+    #: in an outcome whose route differs from the plan's: the route the plan chose
+    #: (the region's name keeps the planned route)
+    planned_route: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -49,6 +52,7 @@ class Region:
             "rejected": dict(self.rejected),
             "fallbacks": list(self.fallbacks),
             "measured": dict(self.measured),
+            "planned_route": self.planned_route,
         }
 
 
@@ -79,6 +83,7 @@ class RegionRun:
         """The plan as it turned out: a new record; the plan itself is unchanged."""
         return replace(
             self.planned,
+            planned_route=self.planned.route if self.route != self.planned.route else None,
             route=self.route,
             inner_route=self.inner_route,
             fallbacks=self.fallbacks,
@@ -142,7 +147,7 @@ def region_table(regions: Sequence[Region]) -> str:
             str(r.graph),
             r.kind,
             r.name,
-            r.route,
+            r.route if r.planned_route is None else f"{r.route} (planned {r.planned_route})",
             ",".join(sorted(r.devices)),
             str(r.node_count),
             _short(", ".join(o.removeprefix("aten.").removesuffix(".default") for o in r.ops), 60),

@@ -170,3 +170,13 @@ def test_the_plan_stays_as_made_and_the_run_is_recorded_beside_it(demo):
     assert [r.route for r in ran] == ["eager"] and "run failed" in ran[0].rejected["demo"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         planned[0].route = "eager"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("demo", ["run-error"], indirect=True)
+def test_explain_shows_the_planned_route_beside_the_one_that_ran(demo):
+    with pytest.warns(FallbackWarning):
+        explanation = dispatch.explain(pointwise, *INPUTS, options={"routes": ["demo", "eager"]})
+    (region,) = explanation.regions
+    assert region.name.startswith("demo_") and region.route == "eager" and region.planned_route == "demo"
+    assert "eager (planned demo)" in str(explanation)
+    assert explanation.to_dict()["regions"][0]["planned_route"] == "demo"
