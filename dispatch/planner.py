@@ -68,7 +68,11 @@ def route_order(device: str, kind: str, config: Config) -> tuple[tuple[str, ...]
         extra = [
             r.name
             for r in registry
-            if r.name not in order and not r.wraps and r.serves_device(device) and availability(r).ok
+            if (config.autotune or set(order) & config.disabled)
+            and r.name not in order
+            and not r.wraps
+            and r.serves_device(device)
+            and availability(r).ok
         ]
         if config.autotune:
             # Measurement decides: every other route that serves the device joins

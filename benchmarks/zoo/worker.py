@@ -53,6 +53,18 @@ def _accurate(reference, fp64, result, dtype) -> bool:
     return bool(same(ref, res, fp64_ref=ref64, tol=TOLERANCE[dtype], equal_nan=True))
 
 
+def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Training mode with every dropout at 0, so that one step is deterministic
+    and comparable (attention layers keep their rate as a float attribute)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name in ("dropout", "attention_dropout", "dropout_prob"):
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
+    return model
+
+
 def _gradients(model, inputs, column):
     model.zero_grad(set_to_none=True)
     fn = columns.compiled(column, model)
@@ -76,6 +88,8 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
     torch._dynamo.reset()
     model, inputs = ZOO[name].build()
     model.train(mode == "train")
+    if mode == "train":
+        _without_dropout(model)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     report: dict = {"ok": False}
     try:
