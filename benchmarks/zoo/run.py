@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..process import Worker, time_in_turn
+from ..run import _fmt_time as format_time
 from .columns import CPU_COLUMNS, CUDA_COLUMNS, TRAIN_COLUMNS
 from .models import ZOO
 
@@ -121,12 +122,6 @@ def summary(rows: list[dict[str, Any]], columns: tuple[str, ...], mode: str) -> 
     return out
 
 
-def _fmt(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1e6:.0f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
-
-
 def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     lines = [f"# Model zoo, {result['device']} {result['dtype']}, {result['time']}", ""]
@@ -153,7 +148,7 @@ def markdown(result: dict[str, Any]) -> str:
                 if not c["ok"]:
                     cells.append(f"FAIL: {(c['error'] or '')[:70]}")
                     continue
-                parts = [_fmt(c["per_call_s"]), f"{c['compile_s']:.1f} s"]
+                parts = [format_time(c["per_call_s"]), f"{c['compile_s']:.1f} s"]
                 if c["warm_compile_s"] is not None:
                     parts.append(f"warm {c['warm_compile_s']:.1f} s")
                 parts.append(f"{c['peak_mb']:.0f} MB" if c["peak_mb"] else "-")
