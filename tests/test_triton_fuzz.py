@@ -13,16 +13,18 @@ examples; ``nox -s fuzz`` runs ``DISPATCH_FUZZ_EXAMPLES`` fresh ones.
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 
 import pytest
 import torch
+from torch._dynamo.utils import same
 
 from tests.conftest import needs_triton
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 pytestmark = needs_triton
@@ -61,6 +63,7 @@ class Chain(torch.nn.Module):
     def __init__(self, blocks, rows: int, cols: int, dtype: torch.dtype, keep: set[int], seed: int) -> None:
         super().__init__()
         self.blocks, self.keep, self.dtype = blocks, keep, dtype
+        self.upcast = torch.float32  # what the written-out RMS norm computes in
         gen = torch.Generator().manual_seed(seed)
         self.params = torch.nn.ParameterList()
         self.modules_ = torch.nn.ModuleList()
@@ -109,7 +112,7 @@ class Chain(torch.nn.Module):
                 x = next(modules)(x)
             elif kind == "rms":
                 scale, upcast = next(params), spec[2]
-                h = x.float() if upcast else x
+                h = x.to(self.upcast) if upcast else x
                 h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
                 if scale.numel():
                     h = h * scale
@@ -156,6 +159,16 @@ def _compatible(blocks, three_d: bool):
     keep=st.sets(st.integers(0, 3), max_size=2),
     seed=st.integers(0, 2**16),
 )
+@example(  # a layer norm over a fused linear + GELU in bfloat16 (found by nox -s fuzz)
+    blocks=[("softmax", 0), ("linear", 7, "column", "gelu", False), ("layer_norm", False)],
+    rows=2,
+    cols=1,
+    three_d=False,
+    dtype=torch.bfloat16,
+    transposed=False,
+    keep=set(),
+    seed=0,
+)
 def test_random_chains_on_triton_match_eager(blocks, rows, cols, three_d, dtype, transposed, keep, seed):
     from dispatch.record import recorder
     from dispatch.stitch import FallbackWarning
@@ -177,10 +190,18 @@ def test_random_chains_on_triton_match_eager(blocks, rows, cols, three_d, dtype,
             got = torch.compile(model, backend="auto")(x)
     finally:
         del os.environ["DISPATCH_ROUTE"]
-    rtol, atol = TOLERANCE[dtype]
-    for g, e in zip(got, expected, strict=True):
+    # Judged as PyTorch's benchmark dashboard judges it: close to eager, or no
+    # further from an fp64 run than eager is (a fused kernel rounds once where
+    # eager rounds after every op, which a layer norm can amplify in bfloat16).
+    reference = copy.deepcopy(model).double()
+    reference.dtype = reference.upcast = torch.float64
+    with torch.no_grad():
+        fp64 = reference(x.double())
+    for g, e, r in zip(got, expected, fp64, strict=True):
         assert g.dtype == e.dtype and g.shape == e.shape
-        torch.testing.assert_close(g, e, rtol=rtol, atol=atol, msg=lambda m: f"{blocks}: {m}")
+        assert same(e, g, fp64_ref=r, tol=TOLERANCE[dtype][0]), (
+            f"{blocks}: {(g.double() - e.double()).abs().max()}"
+        )
     for region in (r for p in plans for r in p.regions if r.route == "eager"):
         # Every op the triton route left to eager says why, at plan time.
         assert region.rejected.get("triton"), region
