@@ -163,11 +163,9 @@ def choose_routes(
             for name in order:
                 if registry.get(name).wraps:
                     wrapper = registry.get(name)
-                    if wrapper.serves_device(device):
-                        choice.why[name], choice.rejected[name] = (
-                            WHY_OP,
-                            f"{name} wraps regions; it runs no op",
-                        )
+                    reason = wrapper.supports(node, facts)
+                    if wrapper.serves_device(device) and reason is not None:
+                        choice.why[name], choice.rejected[name] = WHY_OP, reason
                     else:
                         choice.why[name], choice.rejected[name] = WHY_DEVICE, wrapper.device_reason(device)
                     continue

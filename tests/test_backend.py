@@ -17,7 +17,7 @@ def test_backend_is_registered_and_listed():
     from torch._dynamo.backends.registry import lookup_backend
 
     assert "auto" in torch._dynamo.list_backends()
-    assert lookup_backend("auto") is not None
+    assert lookup_backend("auto") is dispatch.auto
 
 
 def test_entry_point_is_declared():
