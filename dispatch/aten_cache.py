@@ -6,10 +6,11 @@ custom-op benchmark model, and 0.21-0.29 s of 0.8 s on the transformer layer.
 
 Inductor's ``AOTAutogradCache`` skips that trace, but it stores the compiled
 ``OutputCode`` that only Inductor makes, so it cannot hold our graphs. What is
-stored here is less: the inference graph itself, as the Python source that FX
-generates. It is read back by tracing that source with ``torch.fx.Tracer``,
-which is how ``GraphModule``'s own pickling rebuilds a graph. The cold process
-plans the graph read back too, so that both processes plan the same graph.
+stored here is less: the inference graph itself, as data: each node's name,
+kind, operator name and arguments (JSON). It is read back by looking each
+operator up by name in ``torch.ops`` and building the nodes with
+``torch.fx.Graph.create_node``. The cold process plans the graph read back
+too, so that both processes plan the same graph.
 Each node's ``meta["val"]`` (what planning reads) is stored as its tensors'
 metadata and made again as fake tensors. That takes milliseconds, where
 ``FakeTensorProp`` took 0.16 s on the transformer layer.
@@ -25,12 +26,14 @@ Only graphs whose result is fixed by the key are stored. The key is:
 Every node must pass torch's own cacheability check, the one
 ``AOTAutogradCache`` uses. Within that set, only inference graphs whose
 AOTAutograd runtime wrapper would do nothing are stored (the wrapper is
-skipped in that case anyway), and only if the source reads back as the same
+skipped in that case anyway), and only if the record reads back as the same
 graph. Anything else (gradients, autocast, dynamic shapes, non-tensor inputs,
 tensors held by the graph module) is traced as before.
 
-The entry is code that is executed when read. That is the trust model of
-Inductor's cache too: the cache directory belongs to the user.
+The entry is data: nothing in it is executed or unpickled, so whoever can
+write the cache directory cannot run code in the user's process through it
+(an entry names operators that are already registered, and a name that is not
+one is a miss). The cache root itself is checked in ``cache.py``.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import keyword
 import logging
+import operator
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -53,7 +58,7 @@ from .inspect import META_VAL, needs_gradients
 log = logging.getLogger("dispatch")
 
 KIND = "aten"
-_FORMAT = 1  # bump when the entry's layout or what the key covers changes
+_FORMAT = 2  # bump when the entry's layout or what the key covers changes
 
 
 def aten_graph_key(
@@ -130,31 +135,28 @@ def read_back(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, GraphSour
     except Exception as error:
         log.debug("aten graph not cached: it does not read back (%s)", error)
         return None
-    if same.code != source.code:
+    if same.code != gm.code:
         log.debug("aten graph not cached: it reads back as a different graph")
         return None
     return same, source
 
 
 class GraphSource(NamedTuple):
-    """What the cache stores of a graph."""
+    """What the cache stores of a graph: data only, never code."""
 
-    imports: str  # what the code needs in its namespace
-    code: str  # the FX ``forward``
-    names: list[str]  # node names, in order
+    nodes: list[dict[str, Any]]  # each node's name, kind, target and arguments (``_node_record``)
     values: list[Any]  # each node's ``meta["val"]`` as ``_describe`` writes it
 
 
 def _source_of(gm: torch.fx.GraphModule) -> GraphSource | None:
-    """What the cache stores of ``gm``; None where a node's value cannot be described."""
-    _, (_, imports) = gm.__reduce__()
-    nodes = list(gm.graph.nodes)
+    """What the cache stores of ``gm``; None where a node cannot be written as data."""
     try:
-        values = [_describe(node.meta.get(META_VAL)) for node in nodes]
+        nodes = [_node_record(node) for node in gm.graph.nodes]
+        values = [_describe(node.meta.get(META_VAL)) for node in gm.graph.nodes]
     except ValueError as error:
         log.debug("aten graph not cached: %s", error)
         return None
-    return GraphSource(imports, gm.code, [node.name for node in nodes], values)
+    return GraphSource(nodes, values)
 
 
 def _not_storable(dynamo_gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
@@ -209,62 +211,117 @@ def _source_digest() -> str:
 
 
 def _read(source: GraphSource) -> torch.fx.GraphModule:
-    gm = _rebuild(source.imports, source.code, source.names)
+    """The graph that ``source`` describes: ops looked up by name, nothing executed
+    but FX's own code generation for the graph module."""
+    graph = torch.fx.Graph()
+    made: dict[str, torch.fx.Node] = {}
+    for record in source.nodes:
+        op, name = record["op"], record["name"]
+        if op not in _NODE_KINDS:
+            raise ValueError(f"node {name}: unknown kind {op!r}")
+        target = _target(record["target"]) if op == "call_function" else record["target"]
+        # FX writes a placeholder's target into the generated ``def forward(...)``.
+        if op == "placeholder" and not _plain_name(target):
+            raise ValueError(f"node {name}: placeholder {target!r:.80} is not a plain name")
+        if op == "output" and target != "output":
+            raise ValueError(f"node {name}: output target {target!r:.80}")
+        args = _decode(record["args"], made)
+        kwargs = _decode(record["kwargs"], made)
+        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+            raise ValueError(f"node {name}: malformed arguments")
+        made[name] = graph.create_node(op, target, args, kwargs, name=name)
+        if made[name].name != name:
+            raise ValueError(f"node name {name!r} is taken")
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     _restore_values(gm, source.values)
     return gm
 
 
-def _rebuild(imports: str, code: str, names: list[str]) -> torch.fx.GraphModule:
-    """The graph that ``code`` (an FX ``forward``) computes, traced as FX unpickling
-    does but with every op recorded, its nodes given ``names`` (the tracer names
-    them after their op: ``t_default``)."""
-    namespace: dict[str, Any] = {}
-    exec(compile(imports + "\n" + code, "<dispatch cached aten graph>", "exec"), namespace)
-    tracer = torch.fx.Tracer()
-    namespace["torch"] = _RecordingTorch(tracer)
-
-    class CachedAtenGraph(torch.nn.Module):
-        forward = namespace["forward"]
-
-    root = CachedAtenGraph()
-    traced = list(tracer.trace(root).nodes)
-    if len(traced) != len(names):
-        raise ValueError(f"{len(traced)} nodes read back, {len(names)} stored")
-    graph = torch.fx.Graph()  # a fresh namespace: every stored name is free in it
-    copies: dict[torch.fx.Node, torch.fx.Node] = {}
-    for node, name in zip(traced, names):
-        args = torch.fx.map_arg(node.args, copies.__getitem__)
-        kwargs = torch.fx.map_arg(node.kwargs, copies.__getitem__)
-        copies[node] = graph.create_node(node.op, node.target, args, kwargs, name=name, type_expr=node.type)
-    return torch.fx.GraphModule(root, graph)
+_NODE_KINDS = ("placeholder", "call_function", "output")
+_PYTHON_TARGETS = {"operator.getitem": operator.getitem}
+_TORCH_ENUMS = {"dtype": torch.dtype, "layout": torch.layout, "memory_format": torch.memory_format}
 
 
-class _RecordingTorch:
-    """``torch`` as the cached code sees it: every ``torch.ops`` call becomes a node.
-
-    Plain FX tracing runs an op whose arguments hold no proxy (``arange(5)``,
-    ``full([2], 0.0)``) and keeps its result as a constant; the graph read back
-    would differ from the one stored."""
-
-    def __init__(self, tracer: torch.fx.Tracer) -> None:
-        self._tracer = tracer
-
-    def __getattr__(self, name: str) -> Any:
-        return _RecordingOp(self._tracer, torch.ops) if name == "ops" else getattr(torch, name)
+def _plain_name(name: Any) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
 
 
-class _RecordingOp:
-    """A step along ``torch.ops.<namespace>.<op>.<overload>``; calling it records the op."""
+def _node_record(node: torch.fx.Node) -> dict[str, Any]:
+    if node.op not in _NODE_KINDS:
+        raise ValueError(f"node {node.name} is a {node.op}")
+    return {
+        "name": node.name,
+        "op": node.op,
+        "target": _target_name(node.target) if node.op == "call_function" else node.target,
+        "args": _encode(node.args),
+        "kwargs": _encode(node.kwargs),
+    }
 
-    def __init__(self, tracer: torch.fx.Tracer, target: Any) -> None:
-        self._tracer = tracer
-        self._target = target
 
-    def __getattr__(self, name: str) -> _RecordingOp:
-        return _RecordingOp(self._tracer, getattr(self._target, name))
+def _target_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target._schema.name}.{target._overloadname}"
+    for name, known in _PYTHON_TARGETS.items():
+        if target is known:
+            return name
+    raise ValueError(f"{target} is neither an operator overload nor operator.getitem")
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._tracer.create_proxy("call_function", self._target, args, kwargs)
+
+def _target(name: Any) -> Any:
+    """The operator that ``_target_name`` wrote: looked up in ``torch.ops``, never evaluated."""
+    if not isinstance(name, str):
+        raise ValueError(f"target {name!r} is not a name")
+    if name in _PYTHON_TARGETS:
+        return _PYTHON_TARGETS[name]
+    qualified, _, overload = name.rpartition(".")
+    namespace, _, op = qualified.partition("::")
+    if not (namespace.isidentifier() and op.isidentifier() and overload.isidentifier()):
+        raise ValueError(f"target {name!r} is not an operator name")
+    found = getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    if not isinstance(found, torch._ops.OpOverload):
+        raise ValueError(f"target {name!r} is not an operator overload")
+    return found
+
+
+def _encode(value: Any) -> Any:
+    """A node argument as JSON: nodes by name, torch enums by name, containers tagged."""
+    if isinstance(value, torch.fx.Node):
+        return {"node": value.name}
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        return {"tuple" if isinstance(value, tuple) else "list": [_encode(v) for v in value]}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {"dict": [[k, _encode(v)] for k, v in value.items()]}  # pairs: the cache sorts JSON keys
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    for kind, cls in _TORCH_ENUMS.items():
+        if isinstance(value, cls):
+            return {kind: str(value).removeprefix("torch.")}
+    raise ValueError(f"an argument is a {type(value).__name__}")
+
+
+def _decode(value: Any, made: dict[str, torch.fx.Node]) -> Any:
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if not isinstance(value, dict) or len(value) != 1:
+        raise ValueError(f"malformed argument {value!r:.80}")
+    ((kind, item),) = value.items()
+    if kind == "node":
+        return made[item]  # an unknown name is a KeyError: the entry does not load
+    if kind in ("list", "tuple") and isinstance(item, list):
+        items = [_decode(v, made) for v in item]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "dict" and isinstance(item, list) and all(isinstance(p, list) and len(p) == 2 for p in item):
+        return {str(k): _decode(v, made) for k, v in item}
+    if kind == "device" and isinstance(item, str):
+        return torch.device(item)
+    cls = _TORCH_ENUMS.get(kind)
+    if cls is not None and isinstance(item, str) and item.isidentifier():
+        found = getattr(torch, item, None)
+        if isinstance(found, cls):
+            return found
+    raise ValueError(f"malformed argument {value!r:.80}")
 
 
 def _describe(value: Any) -> Any:

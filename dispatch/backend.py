@@ -24,11 +24,12 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from .aot import aot_compile
 from .aten_cache import GraphSource, aten_graph_key, load_aten_graph, read_back, save_aten_graph
-from .cache import ArtifactCache, current_cache, use_inductor_cache, using
+from .cache import ArtifactCache, current_cache, inductor_cache, using
 from .config import Config
 from .decompositions import onnx_friendly
 from .errors import ConfigError, DispatchError
 from .graph_tuning import WholeGraphCheck
+from .inductor_baseline import compile_as_inductor, inductor_leads
 from .inspect import (
     GRAPH_BACKWARD,
     GRAPH_FORWARD,
@@ -68,18 +69,21 @@ def auto(
     except DispatchError as error:
         return _raiser(error)
     _configure_logging(config.log_level)
-    use_inductor_cache(config.cache_dir)
-    with COMPILE_LOCK, using(ArtifactCache(config.cache_dir)):
+    with COMPILE_LOCK, using(ArtifactCache(config.cache_dir)), inductor_cache(config.cache_dir):
         return _compile(gm, example_inputs, config)
 
 
 def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config) -> Callable[..., Any]:
+    inputs = DynamoInputs.of(gm, example_inputs)
+    if inductor_leads(config, example_inputs):
+        compiler = _GraphCompiler(config, recorder.next_graph_index(), plan_only=False, inputs=inputs)
+        return compile_as_inductor(compiler, gm, example_inputs)
     decompositions = onnx_friendly() if _onnxrt_may_run(config, example_inputs) else None
     compiler = _GraphCompiler(
         config,
         recorder.next_graph_index(),
         plan_only=False,
-        inputs=DynamoInputs.of(gm, example_inputs),
+        inputs=inputs,
         decompositions=decompositions,
     )
     return compiler.aot(gm, example_inputs)
@@ -165,6 +169,10 @@ class _GraphCompiler:
         self.source_wanted = False  # keep the inference graph's source, to store it
         self.source: GraphSource | None = None
 
+    def with_config(self, config: Config) -> _GraphCompiler:
+        """This compiler, for the same graph, under other settings."""
+        return _GraphCompiler(config, self.graph_index, self.plan_only, self.inputs, self.decompositions)
+
     def aot(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         cache = None if self.plan_only else current_cache()
         key = None
@@ -221,7 +229,11 @@ class _GraphCompiler:
         example_inputs: Sequence[Any],
         kind: str,
         wrapper_is_identity: bool = False,
+        static: frozenset[int] | None = None,
     ) -> Callable[..., Any]:
+        """Plan and stitch one aten graph. ``static``: the positions of its
+        parameters and buffers, where AOTAutograd's caller knows them (inductor's
+        ``compile_fx`` does); else they are found from the Dynamo graph's."""
         if kind == GRAPH_INFERENCE and self.source_wanted:
             stored = read_back(gm)  # before planning marks the graph
             if stored is not None:
@@ -231,8 +243,10 @@ class _GraphCompiler:
         lifted = self.inputs.lifted
         if kind != GRAPH_BACKWARD and len(placeholders) == lifted + self.inputs.count:
             names = {lifted + i: name for i, name in self.inputs.names.items()}
-            if kind == GRAPH_INFERENCE:
+            if kind == GRAPH_INFERENCE and static is None:
                 mark_static_inputs(gm, self.inputs.static, lifted, _mutated_inputs())
+        if kind == GRAPH_INFERENCE and static is not None:
+            mark_static_inputs(gm, static, 0, _mutated_inputs())
         try:
             graph_plan, split = plan_graph(gm, kind, self.config, self.graph_index, names)
         except DispatchError as error:

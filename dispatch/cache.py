@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -42,7 +43,10 @@ class CacheWarning(UserWarning):
 
 
 class ArtifactCache:
-    """Bytes and JSON records under ``root/<kind>/<key[:2]>/<key>``."""
+    """Bytes and JSON records under ``root/<kind>/<key[:2]>/<key>``.
+
+    A root that is not the user's own, or that others may write, is not
+    trusted: it reads as empty and nothing is written to it (one warning)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -52,6 +56,8 @@ class ArtifactCache:
 
     def get(self, kind: str, key: str) -> memoryview | None:
         """The entry's payload (a view of the file's bytes: an entry may hold weights)."""
+        if not trusted_root(self.root):
+            return None
         path = self._path(kind, key)
         try:
             data = memoryview(path.read_bytes())
@@ -75,12 +81,15 @@ class ArtifactCache:
 
     def put_parts(self, kind: str, key: str, parts: Sequence[bytes | memoryview]) -> None:
         """Write the payload made of ``parts`` in order, without joining them in memory."""
+        if not trusted_root(self.root):
+            return
         path = self._path(kind, key)
         digest = hashlib.sha256()
         for part in parts:
             digest.update(part)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            for directory in (path.parent.parent, path.parent):  # <kind>, then <key[:2]>
+                directory.mkdir(mode=0o700, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
                 f.write(_MAGIC)
@@ -140,10 +149,53 @@ def tensors_digest(tensors: Iterable[torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def use_inductor_cache(root: Path) -> None:
-    """Point Inductor's own on-disk cache into ours, unless the user chose one."""
-    if not os.environ.get(ENV_INDUCTOR_CACHE):
-        os.environ[ENV_INDUCTOR_CACHE] = str(Path(root) / "inductor")
+def trusted_root(root: Path) -> bool:
+    """Whether the cache under ``root`` may be read and written: a directory of the
+    user's own that nobody else can write. Creates it (mode 0700) where missing.
+    An untrusted root warns once and reads as empty."""
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        status = root.stat()
+    except OSError as error:
+        warn_once(f"dispatch: cannot write the cache under {root}: {error}; running without a cache")
+        return False
+    reason = None
+    getuid = getattr(os, "getuid", None)  # POSIX only: elsewhere the OS's ACLs decide
+    if getuid is not None and status.st_uid != getuid():
+        reason = f"it belongs to uid {status.st_uid}, not to this user (uid {getuid()})"
+    elif getuid is not None and status.st_mode & 0o022:
+        reason = f"others can write it (mode {stat.filemode(status.st_mode)})"
+    if reason is None:
+        return True
+    warn_once(
+        f"dispatch: not using the cache directory {root}: {reason}, so an entry there could "
+        f"have been written by someone else; running without a cache. Instead: `chmod 700 {root}` "
+        "if it is yours, or set DISPATCH_CACHE_DIR (or options['cache_dir']) to a directory of your own"
+    )
+    return False
+
+
+@contextlib.contextmanager
+def inductor_cache(root: Path) -> Iterator[None]:
+    """Inductor's on-disk cache under ours, for our own compiles only.
+
+    The user's own ``backend="inductor"`` models keep inductor's cache: the
+    variable is restored on exit (torch's ``temporary_cache_dir`` also clears
+    inductor's in-memory caches that remember the directory). A directory the
+    user chose (``TORCHINDUCTOR_CACHE_DIR`` set to other than inductor's
+    default) is used as it is, and an untrusted root is not used."""
+    from torch._inductor.runtime import cache_dir_utils
+
+    ours = str((Path(root) / "inductor").absolute())
+    chosen = os.environ.get(ENV_INDUCTOR_CACHE)
+    if chosen == ours or (chosen and chosen != cache_dir_utils.default_cache_dir()):
+        yield  # already ours (a nested compile), or the user's choice
+        return
+    if not trusted_root(Path(root)):
+        yield
+        return
+    with cache_dir_utils.temporary_cache_dir(ours):
+        yield
 
 
 _WARNED: set[str] = set()  # messages already shown in this process

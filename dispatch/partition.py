@@ -69,7 +69,7 @@ def form_regions(
             if not kept:
                 continue
             prefix = f"{route}_{place.replace(':', '')}_"
-            described = [_describe(p.nodes, by_name, route, device, graph_index, kind) for p in kept]
+            described = [describe_region(p.nodes, by_name, route, device, graph_index, kind) for p in kept]
             fuse_by_partitions(gm, [dict(p.nodes) for p in kept], prefix=prefix, always_return_tuple=True)
             regions += [replace(region, name=f"{prefix}{i}") for i, region in enumerate(described)]
     gm.recompile()
@@ -116,7 +116,7 @@ def _demote(nodes: Iterable[torch.fx.Node], choices: dict, route: str, size: int
     return True
 
 
-def _describe(
+def describe_region(
     nodes: Iterable[torch.fx.Node], choices: dict, route: str, device: str, graph_index: int, kind: str
 ) -> Region:
     ordered = [n for n in nodes if n.op == "call_function"]

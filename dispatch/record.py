@@ -24,15 +24,16 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class GraphRecord:
-    """One compiled graph: the plan, and the stitched program that ran it."""
+    """One compiled graph: the plan, and the stitched program that ran it (None
+    for a graph that inductor compiled whole: nothing of it changes at run time)."""
 
     plan: GraphPlan
-    stitched: StitchedGraph
+    stitched: StitchedGraph | None
 
     @property
     def regions(self) -> list[Region]:
         """The regions as they turned out (the plan's where nothing happened)."""
-        return self.stitched.outcome()
+        return self.plan.regions if self.stitched is None else self.stitched.outcome()
 
     def outcome(self) -> GraphPlan:
         return replace(self.plan, regions=self.regions)

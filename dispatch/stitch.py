@@ -23,7 +23,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .autotune import check_close, format_seconds, measure
-from .cache import ArtifactCache, region_key, using
+from .cache import ArtifactCache, inductor_cache, region_key, using
 from .config import Config
 from .errors import RouteFailedError
 from .planner import fallback_advice
@@ -182,6 +182,10 @@ class RegionRunner:
         run.fallbacks = tuple(self.chain[1:])
 
     def _compile(self, route: str, args: Sequence[Any]) -> CompiledFn:
+        with inductor_cache(self.config.cache_dir):
+            return self._compile_on(route, args)
+
+    def _compile_on(self, route: str, args: Sequence[Any]) -> CompiledFn:
         chosen = registry.get(route)
         if isinstance(chosen, WrappingRoute):
             inner_route = self.run.inner_route

@@ -94,12 +94,13 @@ def test_a_second_compile_plans_the_graph_the_first_traced(planned, fn):
 
 
 def test_a_graph_that_reads_back_otherwise_is_not_stored(planned, monkeypatch):
-    rebuild = aten_cache._rebuild
+    record = aten_cache._node_record
 
-    def renaming(imports, code, names):
-        return rebuild(imports, code, [*names[:-2], "renamed", names[-1]])
+    def renaming(node):
+        written = record(node)
+        return {**written, "target": "renamed"} if node.op == "placeholder" else written
 
-    monkeypatch.setattr(aten_cache, "_rebuild", renaming)
+    monkeypatch.setattr(aten_cache, "_node_record", renaming)
     x = torch.randn(4, 5)
     with torch.no_grad():
         torch.compile(_ramp, backend="auto", options=EAGER)(x)
@@ -191,24 +192,60 @@ def test_graphs_the_key_cannot_pin_down_are_not_stored():
         assert _key(module, [x.detach()]) is None
 
 
-def test_an_entry_that_no_longer_loads_is_reported_once_and_rewritten(planned, monkeypatch):
+def _retarget(record, replacement):
+    nodes = [dict(n) for n in record["nodes"]]
+    at = next(i for i, n in enumerate(nodes) if n["op"] == "call_function")
+    nodes[at]["target"] = replacement
+    return {**record, "nodes": nodes}
+
+
+def _placeholder_named(record, name):
+    nodes = [dict(n) for n in record["nodes"]]
+    nodes[0]["target"] = name
+    return {**record, "nodes": nodes}
+
+
+def _argument(record, argument):
+    nodes = [dict(n) for n in record["nodes"]]
+    at = next(i for i, n in enumerate(nodes) if n["op"] == "call_function")
+    nodes[at]["args"] = {"tuple": [argument]}
+    return {**record, "nodes": nodes}
+
+
+_SENTINEL = "__import__('builtins').setattr(__import__('builtins'), 'DISPATCH_PWNED', 1)"
+
+TAMPERED = {
+    "unknown op": lambda r: _retarget(r, "no_such_namespace::relu.default"),
+    "python callable": lambda r: _retarget(r, "builtins.exec"),
+    "code as a target": lambda r: _retarget(r, _SENTINEL),
+    "code in a placeholder name": lambda r: _placeholder_named(r, f"x={_SENTINEL}"),
+    "code as a node reference": lambda r: _argument(r, {"node": _SENTINEL}),
+    "unknown argument kind": lambda r: _argument(r, {"pickle": "gASVAAAAAAAAAAAu"}),
+    "old format (python source)": lambda r: {"imports": "import os", "code": "def forward(self): pass"},
+}
+
+
+@pytest.mark.parametrize("tamper", TAMPERED.values(), ids=TAMPERED.keys())
+def test_an_entry_that_no_longer_loads_is_reported_once_and_rewritten(planned, monkeypatch, tamper):
+    """An entry is data: an altered one (its digest recomputed, as anyone who can
+    write the directory could) is a miss, and nothing in it runs."""
+    import builtins
+
     monkeypatch.setattr(cache_module, "_WARNED", set())
     x = torch.randn(4, 5)
     with torch.no_grad():
         torch.compile(_layer_norm_mlp, backend="auto", options=EAGER)(x)
         root = Path(os.environ["DISPATCH_CACHE_DIR"])
         (entry,) = [p for p in (root / aten_cache.KIND).rglob("*") if p.is_file()]
+        assert b"def forward" not in entry.read_bytes()  # no code is stored
         cache = ArtifactCache(root)
         record = cache.get_json(aten_cache.KIND, entry.name)
-        broken = {
-            **record,
-            "code": record["code"].replace("torch.ops.aten", "torch.ops.no_such_namespace", 1),
-        }
-        cache.put_json(aten_cache.KIND, entry.name, broken)
+        cache.put_json(aten_cache.KIND, entry.name, tamper(record))
         torch._dynamo.reset()
         with pytest.warns(CacheWarning, match="does not load"):
             got = torch.compile(_layer_norm_mlp, backend="auto", options=EAGER)(x)
         torch.testing.assert_close(got, _layer_norm_mlp(x))
+        assert not hasattr(builtins, "DISPATCH_PWNED")
         assert planned["traces"] == 2  # traced again
         assert json.loads(bytes(cache.get(aten_cache.KIND, entry.name))) == record  # and rewritten
         torch._dynamo.reset()

@@ -155,3 +155,70 @@ def test_weights_beside_the_graph_run_when_exported_and_when_read_back(onnx_expo
             got, expected = compile_wide()
             torch.testing.assert_close(got, expected)
     assert onnx_exports[0] == 1
+
+
+def test_the_cache_root_is_created_private(tmp_path, monkeypatch):
+    root = tmp_path / "fresh" / "dispatch"
+    monkeypatch.setenv("DISPATCH_CACHE_DIR", str(root))
+    _compile_mlp()
+    assert root.stat().st_mode & 0o777 == 0o700
+    ours = [p for p in root.rglob("*") if p != root / "inductor" and root / "inductor" not in p.parents]
+    assert ours and all(p.stat().st_mode & 0o077 == 0 for p in ours)
+
+
+@pytest.mark.parametrize("who", ["others can write it", "another user owns it"])
+def test_an_untrusted_cache_root_reads_as_empty_and_is_not_written(tmp_path, monkeypatch, who):
+    monkeypatch.setattr(cache_module, "_WARNED", set())
+    root = tmp_path / "shared"
+    cache = ArtifactCache(root)
+    cache.put_json("decision", "ab" * 8, {"order": ["eager"]})  # written while it was trusted
+    if who == "others can write it":
+        root.chmod(0o777)
+    else:
+        if os.getuid() != 0:
+            pytest.skip("changing a directory's owner needs root")
+        os.chown(root, 12345, -1)
+    with pytest.warns(CacheWarning, match="not using the cache directory") as caught:
+        assert cache.get_json("decision", "ab" * 8) is None
+        cache.put_json("decision", "cd" * 8, {"order": ["eager"]})
+        assert cache.get("decision", "cd" * 8) is None
+    assert len(caught) == 1
+    assert not (root / "decision" / "cd").exists()
+    monkeypatch.setenv("DISPATCH_CACHE_DIR", str(root))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        got, expected = _compile_mlp()  # runs, without a cache
+    torch.testing.assert_close(got, expected)
+    assert not (root / "onnx").exists() and not (root / "inductor").exists()
+
+
+def test_inductor_uses_our_cache_for_our_compiles_only(tmp_path, monkeypatch):
+    """auto sets no process-wide TORCHINDUCTOR_CACHE_DIR: a user's own inductor
+    models keep inductor's cache."""
+    import torch._inductor.compile_fx as compile_fx_module
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    root = tmp_path / "dispatch"
+    monkeypatch.setenv("DISPATCH_CACHE_DIR", str(root))
+    seen = []
+    real = compile_fx_module.compile_fx_inner
+
+    def spy(gm, example_inputs, **kwargs):
+        seen.append(cache_dir())
+        return real(gm, example_inputs, **kwargs)
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx_inner", spy)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    x = torch.randn(2, 4)
+    torch.compile(model, backend="auto")(x).sum().backward()  # training: inductor's
+
+    def users_inductor(gm, example_inputs):  # backend="inductor", with the spy inside
+        with torch._functorch.config.patch(enable_autograd_cache=False):  # a hit would skip the spy
+            return compile_fx_module.compile_fx(gm, example_inputs, inner_compile=spy)
+
+    torch.compile(lambda t: t.sin() + 1, backend=users_inductor)(x)
+    ours = str((root / "inductor").absolute())
+    assert seen[:2] == [ours, ours]  # forward, then backward (compiled on the first backward call)
+    assert seen[2] == default_cache_dir()  # the user's inductor model
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir())

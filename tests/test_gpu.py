@@ -64,3 +64,20 @@ def test_training_on_cuda_matches_eager():
     reference(x).sum().backward()
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_cuda_inference_is_one_inductor_graph_under_cuda_graph_trees():
+    """As mode='reduce-overhead' compiles it; outputs still survive the next call."""
+    torch.manual_seed(0)
+    model = (
+        torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).cuda().eval()
+    )
+    x = torch.randn(16, 64, device="cuda")
+    explanation = dispatch.explain(model, x)
+    assert [(r.route, r.inner_route) for r in explanation.regions] == [("cudagraphs", "inductor")]
+    compiled = torch.compile(model, backend="auto")
+    for _ in range(3):
+        first = compiled(x)
+    compiled(x * 2)
+    torch.testing.assert_close(first, model(x), rtol=1e-3, atol=1e-3)

@@ -145,10 +145,10 @@ class _Captured:
         if not self.outputs_survive:
             return tuple(outputs)
         held = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-        return tuple(_copied_out(o, held) for o in outputs)
+        return tuple(copied_out(o, held) for o in outputs)
 
 
-def _copied_out(output: Any, inputs: set[int]) -> Any:
+def copied_out(output: Any, inputs: set[int]) -> Any:
     """A copy of an output that lives in the graph's pool; an output that is (a
     view of) an input is not the pool's and is handed back as it is."""
     if not isinstance(output, torch.Tensor) or output.untyped_storage().data_ptr() in inputs:

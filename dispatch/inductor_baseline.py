@@ -1,0 +1,219 @@
+"""Graphs whose baseline is inductor compile as plain inductor compiles them.
+
+Where inductor leads the route order of a graph's device (CPU training, CUDA
+inference and training, inductor forced by the user), the Dynamo graph goes
+through inductor's own ``compile_fx``: one AOTAutograd pass with inductor's
+decompositions and graph passes, parameters as static inputs and, for CUDA
+inference, inductor's CUDA graph trees, as ``mode="reduce-overhead"`` captures.
+Each aten graph is planned inside ``compile_fx``'s inner compile. A graph that
+inductor takes whole goes to ``compile_fx_inner`` unchanged; only a graph with
+a departure the plan records (an op inductor cannot lower, a data-dependent op
+left out of the capture) is split and stitched as before.
+
+Why: the inductor route compiled each region with ``torch._inductor.compile``,
+which runs AOTAutograd a second time on an already-lowered graph. No parameter
+was a static input there (0 of 268 on ResNet-50 against 267 under plain
+inductor), the cudagraphs route captured region by region, and CPU training ran
+1.12-1.44x slower than plain inductor in the zoo.
+
+AOTAutograd's own cache is off for these compiles: an entry holds inductor's
+output only, and a hit would skip the planner (no plan for ``explain``, a
+forced route ignored). Inductor's FX graph cache, inside ``compile_fx_inner``,
+still serves warm starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx
+
+from .cache import inductor_cache
+from .config import Config
+from .errors import DispatchError
+from .inspect import (
+    GRAPH_BACKWARD,
+    GRAPH_FORWARD,
+    GRAPH_INFERENCE,
+    compute_nodes,
+    graph_facts,
+    needs_gradients,
+)
+from .partition import describe_region
+from .planner import availability, check_forced_route, choose_routes, route_order
+from .record import GraphRecord, recorder
+from .region import GraphPlan, Region
+from .routes import registry
+from .routes.cudagraphs import copied_out
+from .stitch import COMPILE_LOCK, FallbackWarning
+
+if TYPE_CHECKING:
+    from .backend import _GraphCompiler
+
+log = logging.getLogger("dispatch")
+
+INDUCTOR = "inductor"
+CUDAGRAPHS = "cudagraphs"
+
+
+def inductor_leads(config: Config, example_inputs: Sequence[Any]) -> bool:
+    """Whether this Dynamo graph's baseline is inductor: its tensors are on one
+    device type whose route order starts with inductor, and nothing asks for the
+    region-by-region path (autotune and verify measure and check regions)."""
+    if config.autotune or config.verify:
+        return False
+    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+    if len(devices) != 1:
+        return False
+    kind = GRAPH_FORWARD if needs_gradients(example_inputs) else GRAPH_INFERENCE
+    try:
+        order, _ = route_order(devices.pop(), kind, config)
+    except DispatchError:
+        return False  # the ordinary path raises it, when the graph is called
+    leading = [name for name in order if not registry.get(name).wraps]
+    return leading[:1] == [INDUCTOR] and availability(registry.get(INDUCTOR)).ok
+
+
+def compile_as_inductor(
+    compiler: _GraphCompiler, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+) -> Callable[..., Any]:
+    """``gm`` through ``compile_fx``, each aten graph planned by ``compiler``'s config."""
+    from torch._inductor.compile_fx import compile_fx
+
+    config = compiler.config
+    device = next(t.device.type for t in example_inputs if isinstance(t, torch.Tensor))
+    inference = not needs_gradients(example_inputs)
+    order, _ = route_order(device, GRAPH_INFERENCE if inference else GRAPH_FORWARD, config)
+    capture = inference and device == "cuda" and CUDAGRAPHS in order
+    inner = PlanningInnerCompile(compiler, capture)
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        compiled = compile_fx(
+            gm, list(example_inputs), inner_compile=inner, config_patches={"triton.cudagraphs": capture}
+        )
+    assert callable(compiled), "compile_fx returns a callable outside ahead-of-time compilation"
+    return compiled
+
+
+class PlanningInnerCompile:
+    """``compile_fx``'s inner compile: plan the aten graph, then hand it to
+    ``compile_fx_inner`` whole, or split and stitch it where the plan departs."""
+
+    def __init__(self, compiler: _GraphCompiler, capture: bool) -> None:
+        self.compiler = compiler
+        self.capture = capture
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        compiler, config = self.compiler, self.compiler.config
+        if kwargs.get("is_inference"):
+            kind = GRAPH_INFERENCE
+        elif kwargs.get("is_backward"):
+            kind = GRAPH_BACKWARD
+        else:
+            kind = GRAPH_FORWARD
+        static = frozenset(kwargs.get("static_input_idxs") or ())
+        # A backward graph compiles on the first backward call, outside ``auto``'s scope.
+        with COMPILE_LOCK, inductor_cache(config.cache_dir):
+            try:
+                plan = whole_graph_plan(gm, kind, config, compiler.graph_index)
+            except DispatchError:
+                plan = None  # the stitched path plans again and turns the error into a raiser
+            if plan is None:
+                return compiler.compile(gm, example_inputs, kind, static=static)
+            try:
+                compiled = compile_fx_inner(gm, example_inputs, **kwargs)
+            except Exception as error:
+                if config.strict:
+                    raise
+                fallback = _without_inductor(plan, config, error)
+                return compiler.with_config(fallback).compile(gm, example_inputs, kind, static=static)
+        wanted = self.capture and kind == GRAPH_INFERENCE
+        region = _with_capture(plan.regions[0], kwargs.get("cudagraphs"), compiled, wanted)
+        plan = replace(plan, regions=[region])
+        recorder.publish(GraphRecord(plan, None))
+        log.info(
+            "graph %d (%s): %s -> %s (inductor's own compile)", plan.graph, kind, region.name, region.route
+        )
+        if region.route == CUDAGRAPHS and not config.reduce_overhead:
+            return _outputs_survive(compiled)
+        return compiled
+
+
+def whole_graph_plan(
+    gm: torch.fx.GraphModule, kind: str, config: Config, graph_index: int
+) -> GraphPlan | None:
+    """The plan of one inductor region that covers ``gm``, or None where the plan
+    departs from inductor for some node (that plan is made again when the graph is split)."""
+    facts = graph_facts(gm, kind)
+    check_forced_route(config, facts)
+    choices = choose_routes(gm, facts, config)
+    nodes = compute_nodes(gm)
+    if not nodes:
+        return None
+    if any(choices[n].chain[:1] != [INDUCTOR] for n in nodes):
+        return None
+    places = {choices[n].place for n in nodes}
+    if len(places) != 1:
+        return None
+    (place,) = places
+    device = choices[nodes[0]].device
+    region = describe_region(nodes, choices, INDUCTOR, device, graph_index, kind)
+    region = replace(region, name=f"{INDUCTOR}_{place.replace(':', '')}_0")
+    return GraphPlan(
+        graph_index,
+        kind,
+        facts.devices,
+        facts.dynamic,
+        facts.node_count,
+        {device: route_order(device, kind, config)[0]},
+        [region],
+        facts.dynamic_dims,
+    )
+
+
+def _with_capture(region: Region, cudagraphs: Any, compiled: Any, wanted: bool) -> Region:
+    """The region as inductor compiled it: captured by its CUDA graph trees, or why not."""
+    if not wanted:
+        return region
+    reason = getattr(compiled, "disabled_cudagraphs_reason", None)
+    if cudagraphs is not None and not bool(getattr(cudagraphs, "value", cudagraphs)):
+        reason = reason or "inductor did not capture this graph"
+    if reason is not None:
+        return replace(region, rejected={**region.rejected, CUDAGRAPHS: f"inductor: {reason}"})
+    rejected = {k: v for k, v in region.rejected.items() if k != CUDAGRAPHS}
+    return replace(region, route=CUDAGRAPHS, inner_route=INDUCTOR, rejected=rejected)
+
+
+def _outputs_survive(compiled: Callable[[list[Any]], Any]) -> Callable[[list[Any]], list[Any]]:
+    """Outputs of inductor's CUDA graph live in its pool and are overwritten by
+    the next replay: copy them out, as the cudagraphs route does."""
+
+    def run(args: list[Any]) -> list[Any]:
+        held = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        return [copied_out(o, held) for o in compiled(args)]
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def _without_inductor(plan: GraphPlan, config: Config, error: Exception) -> Config:
+    """Settings for planning ``plan``'s graph again on the rule's other routes,
+    after inductor failed to compile it; warns once for the graph."""
+    region = plan.regions[0]
+    detail = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+    others = tuple(r for order in plan.route_order.values() for r in order if r != INDUCTOR) or ("eager",)
+    sources = {**dict(config.sources), "routes": f"compile failed: {detail}"}
+    warnings.warn(
+        f"dispatch: route 'inductor' failed to compile graph {region.graph} ({region.kind}, "
+        f"{region.node_count} ops on {', '.join(sorted(region.devices))}): {detail}; "
+        "this graph is planned again without inductor",
+        FallbackWarning,
+        stacklevel=2,
+    )
+    return replace(config, routes=others, sources=tuple(sources.items()))

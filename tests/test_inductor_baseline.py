@@ -1,0 +1,139 @@
+"""Graphs whose baseline is inductor compile as plain inductor compiles them:
+one AOTAutograd pass, parameters as static inputs, a departure only where the
+plan records one, and a failing inductor compile falling back for that graph."""
+
+import pytest
+import torch
+import torch._inductor.compile_fx as compile_fx_module
+from torch._dynamo.utils import counters
+
+import dispatch
+from dispatch.routes.inductor import InductorRoute
+from dispatch.stitch import FallbackWarning
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+
+
+def gelu_tanh_gelu():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Tanh(), torch.nn.Linear(32, 4), torch.nn.GELU()
+    )
+
+
+@pytest.fixture
+def inner_calls(monkeypatch):
+    """Each call of inductor's ``compile_fx_inner``: its keyword arguments."""
+    calls = []
+    real = compile_fx_module.compile_fx_inner
+
+    def spy(gm, example_inputs, **kwargs):
+        calls.append(kwargs)
+        return real(gm, example_inputs, **kwargs)
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx_inner", spy)
+    return calls
+
+
+def train_step(model, x):
+    model.zero_grad()
+    out = model(x)
+    out.square().sum().backward()
+    return out, [p.grad.clone() for p in model.parameters()]
+
+
+def test_cpu_training_is_one_aot_pass_with_parameters_static(inner_calls):
+    model, reference = mlp(), mlp()
+    x = torch.randn(8, 16)
+    before = counters["aot_autograd"]["total"]
+    out, grads = train_step(torch.compile(model, backend="auto"), x)
+    ref_out, ref_grads = train_step(reference, x)
+    torch.testing.assert_close(out, ref_out)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want)
+    # One AOTAutograd trace for the Dynamo graph; the region path traced each region again.
+    assert counters["aot_autograd"]["total"] - before == 1
+    forward, backward = inner_calls
+    assert backward.get("is_backward") and not forward.get("is_backward")
+    # The four parameters are static inputs of the forward graph, as under plain inductor.
+    assert len(forward["static_input_idxs"]) >= 4
+
+
+@torch.no_grad()
+def test_forced_inductor_inference_is_inductor_whole(inner_calls, monkeypatch):
+    monkeypatch.setenv("DISPATCH_ROUTE", "inductor")
+    model = mlp().eval()
+    x = torch.randn(8, 16)
+    explanation = dispatch.explain(model, x)
+    assert [(r.route, r.kind) for r in explanation.regions] == [("inductor", "inference")]
+    assert len(inner_calls) == 1 and inner_calls[0]["is_inference"]
+    assert len(inner_calls[0]["static_input_idxs"]) == 4
+    torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x))
+
+
+def test_a_departure_is_split_inside_the_one_aot_pass(monkeypatch):
+    def no_tanh(self, node, graph):
+        return "tanh: refused by this test" if "tanh" in str(node.target) else None
+
+    monkeypatch.setattr(InductorRoute, "supports", no_tanh)
+    model, reference = gelu_tanh_gelu(), gelu_tanh_gelu()
+    x = torch.randn(8, 16)
+    explanation = dispatch.explain(model, x)
+    routes = {(r.kind, r.route) for r in explanation.regions}
+    assert ("forward", "eager") in routes and ("forward", "inductor") in routes
+    eager = next(r for r in explanation.regions if r.route == "eager")
+    assert eager.ops == ("aten.tanh.default",)
+    assert "refused by this test" in eager.rejected["inductor"]
+    torch._dynamo.reset()
+    before = counters["aot_autograd"]["total"]
+    out, grads = train_step(torch.compile(model, backend="auto"), x)
+    ref_out, ref_grads = train_step(reference, x)
+    torch.testing.assert_close(out, ref_out)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want)
+    # One trace of the Dynamo graph, plus one per inductor region (the region route).
+    inductor_regions = sum(1 for r in explanation.regions if r.route == "inductor")
+    assert counters["aot_autograd"]["total"] - before == 1 + inductor_regions
+
+
+def test_a_failing_inductor_compile_falls_back_for_that_graph(monkeypatch):
+    def broken(gm, example_inputs, **kwargs):
+        raise RuntimeError("inductor lowering crashed (test)")
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx_inner", broken)
+    model, reference = mlp(), mlp()
+    x = torch.randn(8, 16)
+    with pytest.warns(FallbackWarning, match="inductor lowering crashed") as caught:
+        out, grads = train_step(torch.compile(model, backend="auto"), x)
+    assert len([w for w in caught if issubclass(w.category, FallbackWarning)]) == 2  # forward, backward
+    ref_out, ref_grads = train_step(reference, x)
+    torch.testing.assert_close(out, ref_out)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want)
+    with pytest.warns(FallbackWarning):
+        explanation = dispatch.explain(model, x)
+    (region,) = explanation.regions
+    assert region.route == "eager"
+    assert "inductor lowering crashed" in region.rejected["inductor"]
+
+
+def test_a_failing_inductor_compile_raises_under_strict(monkeypatch):
+    def broken(gm, example_inputs, **kwargs):
+        raise RuntimeError("inductor lowering crashed (test)")
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx_inner", broken)
+    monkeypatch.setenv("DISPATCH_STRICT", "1")
+    with pytest.raises(Exception, match="inductor lowering crashed"):
+        train_step(torch.compile(mlp(), backend="auto"), torch.randn(8, 16))
+
+
+@torch.no_grad()
+def test_cpu_inference_keeps_the_onnx_runtime_baseline(inner_calls):
+    """Where ONNX Runtime leads (CPU inference), the graph is not inductor's."""
+    pytest.importorskip("onnxruntime")
+    explanation = dispatch.explain(mlp().eval(), torch.randn(8, 16))
+    assert {r.route for r in explanation.regions} == {"onnxrt"}
+    assert inner_calls == []
