@@ -183,7 +183,7 @@ class _GraphCompiler:
             if cached is not None:
                 from_cache = self._from_cached(cached, example_inputs)
                 if from_cache is not None:
-                    return from_cache
+                    return gm.forward if self._runs_as_traced() else from_cache
             self.source_wanted = True
         wrapped = aot_compile(
             gm,
@@ -194,18 +194,32 @@ class _GraphCompiler:
             decompositions=self.decompositions,
         )
         direct = self.direct
-        if (
+        # AOTAutograd's runtime wrapper has nothing to do for this graph (no
+        # mutation, no alias, no subclass, no autocast): skip its per-call cost.
+        identity = (
             direct is not None
             and not any(True for _ in gm.parameters())
             and not any(True for _ in gm.buffers())
             and direct[1] == len(example_inputs)
-        ):
-            # AOTAutograd's runtime wrapper has nothing to do for this graph (no
-            # mutation, no alias, no subclass, no autocast): skip its per-call cost.
-            if cache is not None and key is not None and self.source is not None:
-                save_aten_graph(cache, key, self.source)
+        )
+        if identity and cache is not None and key is not None and self.source is not None:
+            save_aten_graph(cache, key, self.source)
+        if self._runs_as_traced():
+            return gm.forward
+        if identity and direct is not None:
             return direct[0]
         return wrapped
+
+    def _runs_as_traced(self) -> bool:
+        """Whether every region of this inference graph is eager. Then the Dynamo
+        graph itself runs it, at the cost of a backend that does nothing: its
+        torch-level ops, not their aten decompositions, and no stitching."""
+        return (
+            not self.plan_only
+            and bool(self.plans)
+            and all(p.kind == GRAPH_INFERENCE for p in self.plans)
+            and all(r.route == "eager" for p in self.plans for r in p.regions)
+        )
 
     def _from_cached(
         self, aten: torch.fx.GraphModule, example_inputs: Sequence[Any]

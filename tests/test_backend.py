@@ -278,10 +278,13 @@ class GraphBreak(torch.nn.Module):
         return self.b(h)
 
 
-def test_ort_workers_stop_spinning_when_a_run_returns(monkeypatch):
+@pytest.mark.parametrize("rows, one_thread", [(64, True), (512, False)])
+def test_ort_workers_stop_spinning_when_a_run_returns(monkeypatch, rows, one_thread):
     """Spinning ORT workers took the cores from the Python between Dynamo graphs
     (a model with graph breaks ran 20x slower than eager); every session, a lone
-    region's too, stops its workers spinning as its run returns."""
+    region's too, stops its workers spinning as its run returns. A region with
+    too little work for a thread pool (2 MFLOP at 64 rows) runs on one thread;
+    17 MFLOP at 512 rows keeps the pool."""
     import onnxruntime
 
     opened = []
@@ -292,13 +295,13 @@ def test_ort_workers_stop_spinning_when_a_run_returns(monkeypatch):
         return real(model, options, **kwargs)
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", recording)
-    model, x = GraphBreak().eval(), torch.randn(64, 128)
+    model, x = GraphBreak().eval(), torch.randn(rows, 128)
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x))
     assert len(opened) == 2  # one lone region in each Dynamo graph
     for options in opened:
         assert options.get_session_config_entry("session.force_spinning_stop") == "1"
-        assert options.intra_op_num_threads != 1  # 128x128 regions keep ORT's thread pool
+        assert (options.intra_op_num_threads == 1) == one_thread
 
 
 def test_a_buffer_the_model_updates_is_not_baked_into_the_onnx_region(onnx_exports):
@@ -363,3 +366,37 @@ def test_explain_text_says_which_graph_each_note_is_about():
     assert "graph 0 onnxrt_cpu_0 [inference]: eager not chosen" in text
     assert "graph 1 onnxrt_cpu_0 [inference]: eager not chosen" in text
     assert "Dynamo Op Count" in text
+
+
+def _dynamo_graph(fn, x):
+    captured = []
+
+    def capture(gm, example_inputs):
+        captured.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch.compile(fn, backend=capture)(x)
+    return captured[-1]
+
+
+def _subtract_then_gelu(x):
+    x.sub_(1)
+    return torch.nn.functional.gelu(x) * 2
+
+
+@torch.no_grad()
+def test_an_all_eager_inference_graph_runs_as_dynamo_traced_it():
+    """Where every region is eager, the Dynamo graph itself runs: the cost of a
+    backend that does nothing, not AOTAutograd's wrapper and decomposed aten ops."""
+    from dispatch.backend import auto
+
+    x = torch.randn(4, 8)
+    gm, inputs = _dynamo_graph(_subtract_then_gelu, x.clone())
+    eager_only = auto(gm, inputs, options={"routes": ["eager"]})
+    assert getattr(eager_only, "__self__", None) is gm
+    mutated = x.clone()
+    torch.testing.assert_close(eager_only(mutated)[0], _subtract_then_gelu(x.clone()))
+    torch.testing.assert_close(mutated, x - 1)
+    pytest.importorskip("onnxruntime")
+    with_onnx = auto(gm, inputs, options={"routes": ["onnxrt", "eager"]})
+    assert getattr(with_onnx, "__self__", None) is not gm

@@ -32,6 +32,7 @@ from ..inspect import (
     is_size_arithmetic,
     tensor_values,
 )
+from ..work import estimated_flops
 from .base import Availability, CompiledFn, Route, install_hint
 from .onnx_export import export_region, fed_positions
 from .onnx_model import OnnxModel
@@ -42,6 +43,12 @@ log = logging.getLogger("dispatch")
 
 _NO_NUMPY_DTYPE = (torch.bfloat16, torch.complex32)
 SMALL_REGION_NUMEL = 4096
+# Below this many estimated flops a region runs ORT on one thread: waking the
+# pool for each run costs more than it parallelises. Measured crossover on two
+# AVX-512 cores: 8-9 MFLOP for chains of Linear and of Conv2d alike (one thread
+# 0.61-0.82x at 2-4 MFLOP, 1.28-1.54x at 17-75 MFLOP); set below it, as slower
+# cores cross over earlier (benchmarks/README.md).
+SMALL_REGION_FLOPS = 6_000_000
 _ENTRY_FORMAT = "graph+initializers"  # cache entries of the format of onnx_model.py
 
 
@@ -162,9 +169,7 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
     # top of the arena: +10 MB resident on the transformer layer after ten calls,
     # for no speed measurable on any benchmark model (benchmarks/README.md).
     options.enable_mem_pattern = False
-    if _largest_numel(args) < SMALL_REGION_NUMEL:
-        # Measured (benchmarks/README.md): on tiny tensors ORT's thread pool
-        # costs more than it parallelises.
+    if _small(gm, args):
         options.intra_op_num_threads = 1
     # ORT's workers spin while a run lasts and stop as it returns: left spinning
     # after it, they took the cores from whatever ran next (eager regions,
@@ -268,6 +273,15 @@ class _BoundRunner:
 @functools.cache
 def _np_dtype(dtype: torch.dtype) -> Any:
     return torch.empty((), dtype=dtype).numpy().dtype
+
+
+def _small(gm: torch.fx.GraphModule, args: Sequence[Any]) -> bool:
+    """Whether the region does too little work to repay ORT's thread pool: by its
+    estimated flops, or where a size is symbolic by its largest input."""
+    flops = estimated_flops(gm)
+    if flops is not None:
+        return flops < SMALL_REGION_FLOPS
+    return _largest_numel(args) < SMALL_REGION_NUMEL
 
 
 def _largest_numel(args: Sequence[Any]) -> int:

@@ -1,0 +1,69 @@
+"""How much arithmetic a graph does, estimated from its nodes' fake values.
+
+A runtime's fixed costs (waking a thread pool, a call) pay off only above some
+amount of work; routes read this estimate to size what they set up for a
+region. Matmuls and convolutions count their multiply-adds (2 flops each);
+every other op counts one flop per output element. An estimate, not a model of
+the hardware: it ranks regions by work, which is all its callers ask.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.fx
+
+from .inspect import META_VAL, compute_nodes
+
+aten = torch.ops.aten
+
+_MATMULS = {
+    aten.mm.default: (0, 1),  # positions of the two factors
+    aten.addmm.default: (1, 2),
+    aten.bmm.default: (0, 1),
+    aten.baddbmm.default: (1, 2),
+}
+_CONVOLUTIONS = {aten.convolution.default, aten._convolution.default}
+
+
+def estimated_flops(gm: torch.fx.GraphModule) -> int | None:
+    """The graph's floating-point operations per call; None where a size is
+    symbolic (reading it would add a guard to Dynamo's shape environment)."""
+    total = 0
+    for node in compute_nodes(gm):
+        flops = _node_flops(node)
+        if flops is None:
+            return None
+        total += flops
+    return total
+
+
+def _node_flops(node: torch.fx.Node) -> int | None:
+    out = node.meta.get(META_VAL)
+    if not isinstance(out, torch.Tensor):
+        return 0  # getitem of a tuple, a size, a scalar: its producer counts
+    if node.target in _MATMULS:
+        a, b = (_val(node.args[i]) for i in _MATMULS[node.target])
+        if a is None or b is None:
+            return None
+        return _product(2, out.shape, a.shape[-1:])
+    if node.target in _CONVOLUTIONS:
+        weight = _val(node.args[1])
+        if weight is None:
+            return None
+        return _product(2, out.shape, weight.shape[1:])  # in_channels / groups x kernel
+    return _product(1, out.shape)
+
+
+def _val(arg: object) -> torch.Tensor | None:
+    value = arg.meta.get(META_VAL) if isinstance(arg, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _product(factor: int, *shapes: Sequence[object]) -> int | None:
+    sizes = [s for shape in shapes for s in shape]
+    if not all(type(s) is int for s in sizes):
+        return None
+    return factor * math.prod(sizes)  # type: ignore[arg-type]
