@@ -107,6 +107,8 @@ def zoo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmark eager, inductor, direct ONNX Runtime and auto; results under benchmarks/results/."""
+    """Benchmark eager, inductor, direct ONNX Runtime and auto, then the host cost of
+    a region boundary per route; results under benchmarks/results/."""
     install(session, "bench")
     session.run("python", "-m", "benchmarks.run", *session.posargs)
+    session.run("python", "-m", "benchmarks.boundaries")

@@ -114,10 +114,18 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {op} | {column} | {row['seconds']:.3e} | {rate:.3f} |")
     lines += ["", "## Launch-bound 20-op graph (seconds per call)", ""]
     lines += [f"- {k}: {v:.3e}" for k, v in report["bench"]["launch_bound_20_ops"].items()]
+    if "boundaries" in report:
+        lines += ["", boundaries_section(report["boundaries"])]
     passed = sum(1 for v in report["tests"].values() if v == "passed")
     lines += ["", f"## GPU tests: {passed} of {len(report['tests'])} passed", ""]
     lines += [f"- {name}: {outcome}" for name, outcome in report["tests"].items()]
     return "\n".join(lines) + "\n"
+
+
+def boundaries_section(result: dict[str, Any]) -> str:
+    from .boundaries import markdown as boundaries_markdown
+
+    return "#" + boundaries_markdown(result)  # one level below the report's title
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"stamp": stamp, "machine": machine(), "tests": gpu_tests(list(argv or []))}
     report["bench"] = run_bench()
     report["targets"] = targets(report["bench"])
+    from .boundaries import measure as measure_boundaries
+
+    report["boundaries"] = measure_boundaries("cuda", rounds=9)
     RESULTS.mkdir(parents=True, exist_ok=True)
     base = RESULTS / f"gpu-{stamp}"
     base.with_suffix(".json").write_text(json.dumps(report, indent=2))
