@@ -207,7 +207,10 @@ def _without_inductor(plan: GraphPlan, config: Config, error: Exception) -> Conf
     after inductor failed to compile it; warns once for the graph."""
     region = plan.regions[0]
     detail = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-    others = tuple(r for order in plan.route_order.values() for r in order if r != INDUCTOR) or ("eager",)
+    # Wrapping routes stay out: a routes list of ("eager", "cudagraphs") would force cudagraphs.
+    others = tuple(
+        r for order in plan.route_order.values() for r in order if r != INDUCTOR and not registry.get(r).wraps
+    ) or ("eager",)
     sources = {**dict(config.sources), "routes": f"compile failed: {detail}"}
     warnings.warn(
         f"dispatch: route 'inductor' failed to compile graph {region.graph} ({region.kind}, "

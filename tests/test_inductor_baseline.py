@@ -137,3 +137,19 @@ def test_cpu_inference_keeps_the_onnx_runtime_baseline(inner_calls):
     explanation = dispatch.explain(mlp().eval(), torch.randn(8, 16))
     assert {r.route for r in explanation.regions} == {"onnxrt"}
     assert inner_calls == []
+
+
+def test_a_cuda_graph_that_inductor_fails_falls_back_to_eager_not_to_a_forced_capture():
+    from dispatch.config import Config
+    from dispatch.inductor_baseline import _without_inductor
+    from dispatch.region import GraphPlan, Region
+
+    region = Region(0, "inductor_cuda0_0", "inductor", ("aten.mm.default",), frozenset({"cuda"}), 1)
+    plan = GraphPlan(
+        0, "inference", frozenset({"cuda"}), False, 1, {"cuda": ("inductor", "eager", "cudagraphs")}, [region]
+    )
+    with pytest.warns(FallbackWarning, match="boom"):
+        config = _without_inductor(plan, Config(), RuntimeError("boom"))
+    assert config.routes == ("eager",)
+    assert config.forced is None
+    assert "boom" in config.source("routes")
