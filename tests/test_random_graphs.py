@@ -93,3 +93,41 @@ def test_random_graph_matches_eager(ops, rows, cols, dtype, seed):
         got = torch.compile(model, backend="auto")(x)
     rtol, atol = TOLERANCE[dtype]
     torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, msg=lambda m: f"{ops}: {m}")
+
+
+@settings(
+    max_examples=FUZZ_EXAMPLES or 4,
+    derandomize=not FUZZ_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    ops=st.lists(st.sampled_from(OPS), min_size=1, max_size=6),
+    rows=st.integers(1, 6),
+    cols=st.integers(1, 8),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    seed=st.integers(0, 2**16),
+)
+def test_random_graph_trains_as_eager(ops, rows, cols, dtype, seed):
+    """A training step (forward and backward) through auto, which hands training
+    graphs to inductor's own compile: the output and every gradient as eager's."""
+    torch._dynamo.reset()
+    model = RandomGraph(ops, (rows, cols), dtype, seed)
+    reference = RandomGraph(ops, (rows, cols), dtype, seed)
+    x = torch.randn(
+        rows, cols, generator=torch.Generator().manual_seed(seed), dtype=dtype, requires_grad=True
+    )
+    x_ref = x.detach().clone().requires_grad_(True)
+    got = torch.compile(model, backend="auto")(x)
+    expected = reference(x_ref)
+    got.sum().backward()
+    expected.sum().backward()
+    rtol, atol = (1e-4, 1e-4) if dtype == torch.float32 else (1e-7, 1e-7)
+    torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, msg=lambda m: f"{ops}: {m}")
+    torch.testing.assert_close(
+        x.grad, x_ref.grad, rtol=rtol, atol=atol, msg=lambda m: f"{ops} input grad: {m}"
+    )
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(
+            p.grad, q.grad, rtol=rtol, atol=atol, msg=lambda m: f"{ops} weight grad: {m}"
+        )
