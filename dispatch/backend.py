@@ -6,7 +6,10 @@ Dynamo hands ``auto`` one FX graph at a time; AOTAutograd lowers it to aten
 (an inference graph, or a forward and a backward graph when gradients are
 needed); each aten graph is planned, split into region submodules and stitched
 back with a ``RegionRunner`` per region. Regions compile on their first call,
-on real inputs.
+on real inputs. A graph whose baseline is inductor (its route order starts with
+inductor) goes through inductor's own ``compile_fx`` instead, planned inside
+it (``inductor_baseline.py``). An inference graph whose regions are all eager
+runs as Dynamo traced it.
 """
 
 from __future__ import annotations

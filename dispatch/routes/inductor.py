@@ -1,8 +1,11 @@
 """The ``inductor`` route: TorchInductor (C++/OpenMP on CPU, Triton on CUDA).
 
-The region is compiled with ``torch._inductor.compile`` on the real inputs of its
-first call; a region of a dynamic-shape graph is compiled once for all sizes of
-its symbolic dimensions. Inductor never runs on ``mps``: forcing it there is an
+A graph whose route order inductor leads, and that inductor takes whole, never
+comes here: it is compiled by inductor's own ``compile_fx`` in one AOTAutograd
+pass (``dispatch/inductor_baseline.py``). A region of a graph cut among routes
+is compiled with ``torch._inductor.compile`` on the real inputs of its first
+call; a region of a dynamic-shape graph is compiled once for all sizes of its
+symbolic dimensions. Inductor never runs on ``mps``: forcing it there is an
 ``UnsupportedDeviceError``.
 """
 
