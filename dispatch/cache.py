@@ -17,10 +17,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import getpass
 import hashlib
 import json
 import os
+import re
 import stat
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -180,22 +183,52 @@ def inductor_cache(root: Path) -> Iterator[None]:
     """Inductor's on-disk cache under ours, for our own compiles only.
 
     The user's own ``backend="inductor"`` models keep inductor's cache: the
-    variable is restored on exit (torch's ``temporary_cache_dir`` also clears
-    inductor's in-memory caches that remember the directory). A directory the
-    user chose (``TORCHINDUCTOR_CACHE_DIR`` set to other than inductor's
-    default) is used as it is, and an untrusted root is not used."""
-    from torch._inductor.runtime import cache_dir_utils
-
+    variable is restored on exit, and inductor's in-memory caches that remember
+    the directory are cleared on the way in and out, as torch's
+    ``temporary_cache_dir`` does. That helper is not used because importing it
+    imports all of inductor (0.3 s and more), which a process whose graphs all
+    run on ONNX Runtime never needs. A directory the user chose
+    (``TORCHINDUCTOR_CACHE_DIR`` set to other than inductor's default) is used
+    as it is, and an untrusted root is not used."""
     ours = str((Path(root) / "inductor").absolute())
     chosen = os.environ.get(ENV_INDUCTOR_CACHE)
-    if chosen == ours or (chosen and chosen != cache_dir_utils.default_cache_dir()):
+    if chosen == ours or (chosen and chosen != _inductor_default_dir()):
         yield  # already ours (a nested compile), or the user's choice
         return
     if not trusted_root(Path(root)):
         yield
         return
-    with cache_dir_utils.temporary_cache_dir(ours):
+    _clear_inductor_caches()
+    os.environ[ENV_INDUCTOR_CACHE] = ours
+    try:
         yield
+    finally:
+        _clear_inductor_caches()
+        if chosen is None:
+            os.environ.pop(ENV_INDUCTOR_CACHE, None)
+        else:
+            os.environ[ENV_INDUCTOR_CACHE] = chosen
+
+
+def _clear_inductor_caches() -> None:
+    """Inductor's caches that remember its directory; none exist before it is imported."""
+    utils = sys.modules.get("torch._inductor.utils")
+    if utils is not None:
+        utils.clear_caches()
+
+
+def _inductor_default_dir() -> str:
+    """Where inductor puts its cache unless told (``cache_dir_utils.default_cache_dir``,
+    read without importing inductor where it is not imported yet)."""
+    module = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    if module is not None:
+        return str(module.default_cache_dir())
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        getuid = getattr(os, "getuid", None)
+        user = f"uid_{getuid()}" if callable(getuid) else "unknown_user"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 _WARNED: set[str] = set()  # messages already shown in this process
