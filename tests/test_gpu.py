@@ -81,3 +81,36 @@ def test_cuda_inference_is_one_inductor_graph_under_cuda_graph_trees():
         first = compiled(x)
     compiled(x * 2)
     torch.testing.assert_close(first, model(x), rtol=1e-3, atol=1e-3)
+
+
+def test_threads_call_while_another_variant_compiles():
+    """Four threads call a model first compiled under no_grad, now with grad on,
+    so that Dynamo compiles a training variant while the others call: on the
+    H100 3 of 4 raised 'Detected that you are using FX to symbolically trace a
+    dynamo-optimized function' when regions compiled lazily outside Dynamo."""
+    import threading
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 8)).cuda()
+    compiled = torch.compile(model, backend="auto")
+    x = torch.randn(16, 64, device="cuda")
+    with torch.no_grad():
+        compiled(x)
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def work() -> None:
+        try:
+            start.wait()
+            for _ in range(5):
+                out = compiled(x)
+                out.sum().backward()
+        except BaseException as error:  # reported below, from the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
