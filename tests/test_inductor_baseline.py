@@ -153,3 +153,53 @@ def test_a_cuda_graph_that_inductor_fails_falls_back_to_eager_not_to_a_forced_ca
     assert config.routes == ("eager",)
     assert config.forced is None
     assert "boom" in config.source("routes")
+
+
+def test_a_graph_inductor_captures_is_recorded_as_captured_and_why_not_otherwise():
+    from torch._inductor.utils import BoxedBool
+
+    from dispatch.inductor_baseline import _with_capture
+    from dispatch.region import Region
+
+    region = Region(
+        0,
+        "inductor_cuda0_0",
+        "inductor",
+        ("aten.mm.default",),
+        frozenset({"cuda"}),
+        1,
+        rejected={"cudagraphs": "x"},
+    )
+
+    class Compiled:
+        disabled_cudagraphs_reason = None
+
+    captured = _with_capture(region, BoxedBool(True), Compiled(), wanted=True)
+    assert (captured.route, captured.inner_route) == ("cudagraphs", "inductor")
+    assert "cudagraphs" not in captured.rejected
+    refused = Compiled()
+    refused.disabled_cudagraphs_reason = "mutated inputs (1 instances)"
+    skipped = _with_capture(region, BoxedBool(False), refused, wanted=True)
+    assert skipped.route == "inductor"
+    assert skipped.rejected["cudagraphs"] == "inductor: mutated inputs (1 instances)"
+    assert _with_capture(region, BoxedBool(True), Compiled(), wanted=False) is region
+
+
+def test_outputs_of_a_captured_graph_are_copied_out_and_inputs_handed_back():
+    from dispatch.inductor_baseline import _outputs_survive
+
+    pool = torch.zeros(3)  # stands for the graph's memory pool, overwritten by the next replay
+
+    def replay(args):
+        (x,) = args
+        args.clear()  # inductor's boxed convention
+        pool.copy_(x * 2)
+        return [pool, x]
+
+    run = _outputs_survive(replay)
+    x = torch.ones(3)
+    out, same = run([x])
+    assert out.data_ptr() != pool.data_ptr()  # a copy: the next replay cannot change it
+    assert same is x  # an output that is an input is not the pool's
+    run([torch.full((3,), 5.0)])
+    torch.testing.assert_close(out, torch.full((3,), 2.0))
