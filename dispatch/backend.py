@@ -46,7 +46,7 @@ from .planner import availability, plan_graph
 from .record import GraphRecord, recorder
 from .region import Plan, region_table
 from .routes import registry
-from .stitch import COMPILE_LOCK, stitch
+from .stitch import COMPILE_LOCK, StitchedGraph, stitch
 
 log = logging.getLogger("dispatch")
 
@@ -171,6 +171,7 @@ class _GraphCompiler:
         self.direct: tuple[Callable[..., Any], int] | None = None
         self.source_wanted = False  # keep the inference graph's source, to store it
         self.source: GraphSource | None = None
+        self.stitched: list[StitchedGraph] = []  # the programs this compiler stitched
 
     def with_config(self, config: Config) -> _GraphCompiler:
         """This compiler, for the same graph, under other settings."""
@@ -186,7 +187,9 @@ class _GraphCompiler:
             if cached is not None:
                 from_cache = self._from_cached(cached, example_inputs)
                 if from_cache is not None:
-                    return gm.forward if self._runs_as_traced() else from_cache
+                    if self._runs_as_traced():
+                        return gm.forward
+                    return _settling(from_cache, gm.forward, self.stitched)
             self.source_wanted = True
         wrapped = aot_compile(
             gm,
@@ -209,9 +212,10 @@ class _GraphCompiler:
             save_aten_graph(cache, key, self.source)
         if self._runs_as_traced():
             return gm.forward
-        if identity and direct is not None:
-            return direct[0]
-        return wrapped
+        program = direct[0] if identity and direct is not None else wrapped
+        if self.stitched and all(p.kind == GRAPH_INFERENCE for p in self.plans):
+            return _settling(program, gm.forward, self.stitched)
+        return program
 
     def _runs_as_traced(self) -> bool:
         """Whether every region of this inference graph is eager. Then the Dynamo
@@ -283,6 +287,7 @@ class _GraphCompiler:
         )
         log.debug("graph %d (%s) regions:\n%s", self.graph_index, kind, region_table(graph_plan.regions))
         stitched = stitch(split, graph_plan, self.config)
+        self.stitched.append(stitched)
         recorder.publish(GraphRecord(graph_plan, stitched))
         program: Callable[..., Any] = stitched
         if kind == GRAPH_INFERENCE and self.config.autotune and len(graph_plan.regions) > 1:
@@ -350,6 +355,30 @@ def _plain(meta: object) -> bool:
     from torch._functorch._aot_autograd.schemas import PlainTensorMeta
 
     return isinstance(meta, (int, PlainTensorMeta))
+
+
+def _settling(
+    program: Callable[..., Any], traced: Callable[..., Any], stitched: list[StitchedGraph]
+) -> Callable[..., Any]:
+    """``program`` until its first call has compiled every region; from then on
+    the Dynamo graph itself where every region ended up eager (a route failed
+    on its first call: an export that fails, a compile that crashes), as
+    ``_runs_as_traced`` decides at compile time for regions planned eager."""
+    current: Callable[..., Any]
+
+    def first(*args: Any) -> Any:
+        nonlocal current
+        out = program(*args)
+        settled = all(r.route == "eager" for graph in stitched for r in graph.outcome())
+        current = traced if settled else program
+        return out
+
+    current = first
+
+    def run(*args: Any) -> Any:
+        return current(*args)
+
+    return run
 
 
 def _raiser(error: DispatchError) -> Callable[..., Any]:
