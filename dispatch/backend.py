@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ from .config import Config
 from .decompositions import onnx_friendly
 from .errors import ConfigError, DispatchError
 from .graph_tuning import WholeGraphCheck
-from .inductor_baseline import compile_as_inductor, inductor_leads
+from .inductor_baseline import compile_as_inductor, inductor_lead
 from .inspect import (
     GRAPH_BACKWARD,
     GRAPH_FORWARD,
@@ -44,7 +44,7 @@ from .inspect import (
 )
 from .planner import availability, plan_graph
 from .record import GraphRecord, recorder
-from .region import Plan, region_table
+from .region import Plan, Region, region_table
 from .routes import registry
 from .stitch import COMPILE_LOCK, StitchedGraph, stitch
 
@@ -78,9 +78,10 @@ def auto(
 
 def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config) -> Callable[..., Any]:
     inputs = DynamoInputs.of(gm, example_inputs)
-    if inductor_leads(config, example_inputs):
+    lead = inductor_lead(config, example_inputs)
+    if lead is not None:
         compiler = _GraphCompiler(config, recorder.next_graph_index(), plan_only=False, inputs=inputs)
-        return compile_as_inductor(compiler, gm, example_inputs)
+        return compile_as_inductor(compiler, gm, example_inputs, lead)
     decompositions = onnx_friendly() if _onnxrt_may_run(config, example_inputs) else None
     compiler = _GraphCompiler(
         config,
@@ -187,9 +188,7 @@ class _GraphCompiler:
             if cached is not None:
                 from_cache = self._from_cached(cached, example_inputs)
                 if from_cache is not None:
-                    if self._runs_as_traced():
-                        return gm.forward
-                    return _settling(from_cache, gm.forward, self.stitched)
+                    return self._finished(gm, from_cache)
             self.source_wanted = True
         wrapped = aot_compile(
             gm,
@@ -210,23 +209,19 @@ class _GraphCompiler:
         )
         if identity and cache is not None and key is not None and self.source is not None:
             save_aten_graph(cache, key, self.source)
-        if self._runs_as_traced():
-            return gm.forward
-        program = direct[0] if identity and direct is not None else wrapped
-        if self.stitched and all(p.kind == GRAPH_INFERENCE for p in self.plans):
-            return _settling(program, gm.forward, self.stitched)
-        return program
+        return self._finished(gm, direct[0] if identity and direct is not None else wrapped)
 
-    def _runs_as_traced(self) -> bool:
-        """Whether every region of this inference graph is eager. Then the Dynamo
-        graph itself runs it, at the cost of a backend that does nothing: its
-        torch-level ops, not their aten decompositions, and no stitching."""
-        return (
-            not self.plan_only
-            and bool(self.plans)
-            and all(p.kind == GRAPH_INFERENCE for p in self.plans)
-            and all(r.route == "eager" for p in self.plans for r in p.regions)
-        )
+    def _finished(self, gm: torch.fx.GraphModule, program: Callable[..., Any]) -> Callable[..., Any]:
+        """What Dynamo calls for an inference graph: ``program``, or the Dynamo graph
+        itself where every region is eager, at the cost of a backend that does
+        nothing (torch-level ops, not their aten decompositions; no stitching).
+        Regions planned eager hand over at once; regions that fell back to eager
+        on their first call, from the second call."""
+        if not self.stitched or not all(p.kind == GRAPH_INFERENCE for p in self.plans):
+            return program
+        if _all_eager(r for p in self.plans for r in p.regions):
+            return gm.forward
+        return _settling(program, gm.forward, self.stitched)
 
     def _from_cached(
         self, aten: torch.fx.GraphModule, example_inputs: Sequence[Any]
@@ -357,20 +352,22 @@ def _plain(meta: object) -> bool:
     return isinstance(meta, (int, PlainTensorMeta))
 
 
+def _all_eager(regions: Iterable[Region]) -> bool:
+    return all(r.route == "eager" for r in regions)
+
+
 def _settling(
     program: Callable[..., Any], traced: Callable[..., Any], stitched: list[StitchedGraph]
 ) -> Callable[..., Any]:
     """``program`` until its first call has compiled every region; from then on
     the Dynamo graph itself where every region ended up eager (a route failed
-    on its first call: an export that fails, a compile that crashes), as
-    ``_runs_as_traced`` decides at compile time for regions planned eager."""
+    on its first call: an export that fails, a compile that crashes)."""
     current: Callable[..., Any]
 
     def first(*args: Any) -> Any:
         nonlocal current
         out = program(*args)
-        settled = all(r.route == "eager" for graph in stitched for r in graph.outcome())
-        current = traced if settled else program
+        current = traced if _all_eager(r for graph in stitched for r in graph.outcome()) else program
         return out
 
     current = first

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -61,39 +61,46 @@ INDUCTOR = "inductor"
 CUDAGRAPHS = "cudagraphs"
 
 
-def inductor_leads(config: Config, example_inputs: Sequence[Any]) -> bool:
-    """Whether this Dynamo graph's baseline is inductor: its tensors are on one
-    device type whose route order starts with inductor, and nothing asks for the
-    region-by-region path (autotune and verify measure and check regions)."""
+@dataclass(frozen=True)
+class InductorLead:
+    """A Dynamo graph whose baseline is inductor, and whether inductor's CUDA graph
+    trees capture it (CUDA inference, with cudagraphs in the device's order)."""
+
+    capture: bool
+
+
+def inductor_lead(config: Config, example_inputs: Sequence[Any]) -> InductorLead | None:
+    """The lead where this Dynamo graph's baseline is inductor: its tensors are on
+    one device type whose route order starts with inductor, and nothing asks for
+    the region-by-region path (autotune and verify measure and check regions).
+    None otherwise."""
     if config.autotune or config.verify:
-        return False
+        return None
     devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
     if len(devices) != 1:
-        return False
-    kind = GRAPH_FORWARD if needs_gradients(example_inputs) else GRAPH_INFERENCE
+        return None
+    (device,) = devices
+    inference = not needs_gradients(example_inputs)
     try:
-        order, _ = route_order(devices.pop(), kind, config)
+        order, _ = route_order(device, GRAPH_INFERENCE if inference else GRAPH_FORWARD, config)
     except DispatchError:
-        return False  # the ordinary path raises it, when the graph is called
+        return None  # the ordinary path raises it, when the graph is called
     leading = [name for name in order if not registry.get(name).wraps]
-    return leading[:1] == [INDUCTOR] and availability(registry.get(INDUCTOR)).ok
+    if leading[:1] != [INDUCTOR] or not availability(registry.get(INDUCTOR)).ok:
+        return None
+    return InductorLead(capture=inference and device == "cuda" and CUDAGRAPHS in order)
 
 
 def compile_as_inductor(
-    compiler: _GraphCompiler, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+    compiler: _GraphCompiler, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], lead: InductorLead
 ) -> Callable[..., Any]:
     """``gm`` through ``compile_fx``, each aten graph planned by ``compiler``'s config."""
     from torch._inductor.compile_fx import compile_fx
 
-    config = compiler.config
-    device = next(t.device.type for t in example_inputs if isinstance(t, torch.Tensor))
-    inference = not needs_gradients(example_inputs)
-    order, _ = route_order(device, GRAPH_INFERENCE if inference else GRAPH_FORWARD, config)
-    capture = inference and device == "cuda" and CUDAGRAPHS in order
-    inner = PlanningInnerCompile(compiler, capture)
+    inner = PlanningInnerCompile(compiler, lead.capture)
     with torch._functorch.config.patch(enable_autograd_cache=False):
         compiled = compile_fx(
-            gm, list(example_inputs), inner_compile=inner, config_patches={"triton.cudagraphs": capture}
+            gm, list(example_inputs), inner_compile=inner, config_patches={"triton.cudagraphs": lead.capture}
         )
     assert callable(compiled), "compile_fx returns a callable outside ahead-of-time compilation"
     return compiled

@@ -182,11 +182,9 @@ def test_explain_shows_the_planned_route_beside_the_one_that_ran(demo):
     assert explanation.to_dict()["regions"][0]["planned_route"] == "demo"
 
 
-@pytest.mark.parametrize("demo", ["compile-error"], indirect=True)
-def test_a_graph_whose_regions_all_fell_back_runs_as_dynamo_traced_it(demo, monkeypatch):
-    """Once every region has fallen back to eager (here the only one, on its
-    first call), the stitched program steps aside: the Dynamo graph runs itself,
-    at the floor's cost."""
+@pytest.fixture
+def stitched_calls(monkeypatch):
+    """Each call of a stitched program (``StitchedGraph``), from now on."""
     from dispatch.stitch import StitchedGraph
 
     calls = []
@@ -197,33 +195,31 @@ def test_a_graph_whose_regions_all_fell_back_runs_as_dynamo_traced_it(demo, monk
         return real(self, *args)
 
     monkeypatch.setattr(StitchedGraph, "__call__", counting)
+    return calls
+
+
+@pytest.mark.parametrize("demo", ["compile-error"], indirect=True)
+def test_a_graph_whose_regions_all_fell_back_runs_as_dynamo_traced_it(demo, stitched_calls):
+    """Once every region has fallen back to eager (here the only one, on its
+    first call), the stitched program steps aside: the Dynamo graph runs itself,
+    at the floor's cost."""
     compiled = torch.compile(pointwise, backend="auto", options={"routes": ["demo", "eager"]})
     with torch.no_grad():
         with pytest.warns(FallbackWarning):
             compiled(*INPUTS)
-        assert len(calls) == 1
+        assert len(stitched_calls) == 1
         for _ in range(3):
             for g, e in zip(compiled(*INPUTS), pointwise(*INPUTS)):
                 torch.testing.assert_close(g, e)
-    assert len(calls) == 1
+    assert len(stitched_calls) == 1
 
 
 @pytest.mark.parametrize("demo", ["run-error"], indirect=True)
-def test_a_graph_with_a_region_that_ran_keeps_its_stitched_program(demo, monkeypatch):
-    from dispatch.stitch import StitchedGraph
-
-    calls = []
-    real = StitchedGraph.__call__
-
-    def counting(self, *args):
-        calls.append(self)
-        return real(self, *args)
-
-    monkeypatch.setattr(StitchedGraph, "__call__", counting)
+def test_a_graph_with_a_region_that_ran_keeps_its_stitched_program(demo, stitched_calls):
     compiled = torch.compile(pointwise, backend="auto", options={"routes": ["demo", "onnxrt", "eager"]})
     pytest.importorskip("onnxruntime")
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FallbackWarning)
         for _ in range(3):
             compiled(*INPUTS)
-    assert len(calls) == 3  # the demo region fell back to onnxrt, not to eager
+    assert len(stitched_calls) == 3  # the demo region fell back to onnxrt, not to eager

@@ -45,15 +45,20 @@ def train_step(model, x):
     return out, [p.grad.clone() for p in model.parameters()]
 
 
+def assert_trains_as_eager(model, reference, x):
+    """One training step of ``model`` under auto: output and gradients as ``reference``'s in eager."""
+    out, grads = train_step(torch.compile(model, backend="auto"), x)
+    ref_out, ref_grads = train_step(reference, x)
+    torch.testing.assert_close(out, ref_out)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_cpu_training_is_one_aot_pass_with_parameters_static(inner_calls):
     model, reference = mlp(), mlp()
     x = torch.randn(8, 16)
     before = counters["aot_autograd"]["total"]
-    out, grads = train_step(torch.compile(model, backend="auto"), x)
-    ref_out, ref_grads = train_step(reference, x)
-    torch.testing.assert_close(out, ref_out)
-    for got, want in zip(grads, ref_grads):
-        torch.testing.assert_close(got, want)
+    assert_trains_as_eager(model, reference, x)
     # One AOTAutograd trace for the Dynamo graph; the region path traced each region again.
     assert counters["aot_autograd"]["total"] - before == 1
     forward, backward = inner_calls
@@ -89,11 +94,7 @@ def test_a_departure_is_split_inside_the_one_aot_pass(monkeypatch):
     assert "refused by this test" in eager.rejected["inductor"]
     torch._dynamo.reset()
     before = counters["aot_autograd"]["total"]
-    out, grads = train_step(torch.compile(model, backend="auto"), x)
-    ref_out, ref_grads = train_step(reference, x)
-    torch.testing.assert_close(out, ref_out)
-    for got, want in zip(grads, ref_grads):
-        torch.testing.assert_close(got, want)
+    assert_trains_as_eager(model, reference, x)
     # One trace of the Dynamo graph, plus one per inductor region (the region route).
     inductor_regions = sum(1 for r in explanation.regions if r.route == "inductor")
     assert counters["aot_autograd"]["total"] - before == 1 + inductor_regions
@@ -107,12 +108,8 @@ def test_a_failing_inductor_compile_falls_back_for_that_graph(monkeypatch):
     model, reference = mlp(), mlp()
     x = torch.randn(8, 16)
     with pytest.warns(FallbackWarning, match="inductor lowering crashed") as caught:
-        out, grads = train_step(torch.compile(model, backend="auto"), x)
+        assert_trains_as_eager(model, reference, x)
     assert len([w for w in caught if issubclass(w.category, FallbackWarning)]) == 2  # forward, backward
-    ref_out, ref_grads = train_step(reference, x)
-    torch.testing.assert_close(out, ref_out)
-    for got, want in zip(grads, ref_grads):
-        torch.testing.assert_close(got, want)
     with pytest.warns(FallbackWarning):
         explanation = dispatch.explain(model, x)
     (region,) = explanation.regions

@@ -68,15 +68,20 @@ class RandomGraph(torch.nn.Module):
         return x
 
 
+def fuzz_settings(ci_examples: int):
+    """A fixed, derandomized set of ``ci_examples`` in CI; DISPATCH_FUZZ_EXAMPLES fresh ones under nox -s fuzz."""
+    return settings(
+        max_examples=FUZZ_EXAMPLES or ci_examples,
+        derandomize=not FUZZ_EXAMPLES,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
 TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float64: (1e-7, 1e-7), torch.bfloat16: (3e-2, 3e-2)}
 
 
-@settings(
-    max_examples=FUZZ_EXAMPLES or 8,
-    derandomize=not FUZZ_EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@fuzz_settings(ci_examples=8)
 @given(
     ops=st.lists(st.sampled_from(OPS), min_size=1, max_size=6),
     rows=st.integers(1, 6),
@@ -95,12 +100,7 @@ def test_random_graph_matches_eager(ops, rows, cols, dtype, seed):
     torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, msg=lambda m: f"{ops}: {m}")
 
 
-@settings(
-    max_examples=FUZZ_EXAMPLES or 4,
-    derandomize=not FUZZ_EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@fuzz_settings(ci_examples=4)
 @given(
     ops=st.lists(st.sampled_from(OPS), min_size=1, max_size=6),
     rows=st.integers(1, 6),
