@@ -5,7 +5,9 @@ onnxrt_direct: the whole model exported with torch.onnx.export and run by an
 ONNX Runtime session, fed and read through numpy as a user would. openvino:
 torch.compile(backend="openvino") where OpenVINO is installed (reported as
 failed where it is not). auto: ours with its rules; auto_tuned: ours with
-measured routing (options={"autotune": True}).
+measured routing (options={"autotune": True}). lowered: ``dispatch.lower``,
+saved to a file and loaded back (``dispatch.load``): the program runs without
+Dynamo; its ``load_s`` is the load plus the first call.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import torch
 
 PEERS = ("eager", "inductor", "onnxrt_direct", "openvino")
-OURS = ("auto", "auto_tuned")
+OURS = ("auto", "auto_tuned", "lowered")
 COLUMNS = PEERS + OURS
 
 
@@ -34,6 +36,8 @@ def make(column: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) 
 
         compiled = torch.compile(model, backend="openvino")
         return lambda: compiled(*inputs)
+    if column == "lowered":
+        return _lowered(model, inputs)
     if column in OURS:
         compiled = torch.compile(model, backend="auto", options={"autotune": column == "auto_tuned"})
         return lambda: compiled(*inputs)
@@ -59,4 +63,26 @@ def _onnxrt_direct(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> 
         outs = [torch.from_numpy(o) for o in session.run(None, feeds)]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    return run
+
+
+def _lowered(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    import os
+    import tempfile
+    import time
+
+    import dispatch
+
+    with tempfile.TemporaryDirectory(prefix="bench-lowered-") as folder:
+        path = os.path.join(folder, "model.dispatch")
+        dispatch.lower(model, inputs).save(path)
+        start = time.perf_counter()
+        program = dispatch.load(path)
+        program(*inputs)
+        load_s = time.perf_counter() - start
+
+    def run() -> Any:
+        return program(*inputs)
+
+    run.load_s = load_s  # type: ignore[attr-defined]
     return run

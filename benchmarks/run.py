@@ -58,7 +58,7 @@ def run(models: list[str], seconds: float) -> dict:
         print(f"[bench] {name}: timing side by side", flush=True)
         per_call = time_in_turn(workers, seconds)
         rss = {col: w.close() for col, w in workers.items()}
-        warm = {col: _warm_start_s(name, col, caches[col]) for col in ("inductor", *OURS)}
+        warm = {col: _warm_start_s(name, col, caches[col]) for col in ("inductor", "auto", "auto_tuned")}
         row = {"model": name, "columns": {}}
         for col in COLUMNS:
             ready = workers[col].ready
@@ -71,6 +71,7 @@ def run(models: list[str], seconds: float) -> dict:
                 "peak_rss_mb": rss.get(col),
                 "error": ready.get("error"),
                 "routes": ready.get("routes") or [],
+                "load_s": ready.get("load_s"),
             }
         flops = model_flops(name)
         if flops and peak:
@@ -134,6 +135,13 @@ def _with_ratios(row: dict) -> dict:
             if ours["peak_rss_mb"] and eager["peak_rss_mb"]
             else None
         )
+    lowered, auto = cols["lowered"], cols["auto"]
+    row["lowered_load_over_auto_compile"] = (
+        lowered["load_s"] / auto["compile_s"] if lowered["ok"] and auto["ok"] and lowered.get("load_s") else None
+    )
+    row["lowered_over_eager"] = (
+        lowered["per_call_s"] / eager["per_call_s"] if lowered["ok"] and eager["per_call_s"] else None
+    )
     row["auto_over_eager"] = (
         cols["auto"]["per_call_s"] / eager["per_call_s"]
         if cols["auto"]["ok"] and eager["per_call_s"]
@@ -164,6 +172,8 @@ def markdown(result: dict) -> str:
             parts = [_fmt_time(v["per_call_s"]), f"{v['compile_s']:.2f} s"]
             if v.get("warm_compile_s"):
                 parts.append(f"warm {v['warm_compile_s']:.2f} s")
+            if v.get("load_s"):
+                parts.append(f"load {v['load_s'] * 1e3:.0f} ms")
             if v.get("routes"):
                 parts.append("+".join(dict.fromkeys(v["routes"])))
             parts.append(f"{v['peak_rss_mb']:.0f} MB" if v["peak_rss_mb"] else "-")
@@ -184,6 +194,19 @@ def markdown(result: dict) -> str:
             f"| {_x(row['auto_tuned_over_best'])} | {_x(row['auto_over_eager'])} "
             f"| {_x(row['auto_warm_over_cold'])}, {_x(row['auto_tuned_warm_over_cold'])} "
             f"| {_x(row['auto_rss_over_eager'])}, {_x(row['auto_tuned_rss_over_eager'])} |"
+        )
+    lines += [
+        "",
+        "lowered (targets: load + first call <= 0.05x auto's cold compile; per call <= 1.0x eager on the "
+        "tiny MLP, <= 1.05x the best peer elsewhere):",
+        "",
+        "| model | lowered / best | lowered / eager | load / auto cold compile |",
+        "|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| {row['model']} | {_x(row['lowered_over_best'])} | {_x(row['lowered_over_eager'])} "
+            f"| {_x(row['lowered_load_over_auto_compile'])} |"
         )
     for col in OURS:
         ratios = [r[f"{col}_over_best"] for r in result["rows"] if r[f"{col}_over_best"]]

@@ -79,6 +79,7 @@ def main(model_name: str, column: str, cache_dir: str | None = None) -> None:
             "compile_s": compile_s,
             "max_error": _max_error(out, expected),
             "first_call_s": one,
+            "load_s": getattr(fn, "load_s", None),  # lowered: load plus first call
             # what auto ran, region by region (after the first call: fallbacks and measuring are done)
             "routes": [r.route for p in plans for r in p.regions],
         }

@@ -5,6 +5,9 @@ every graph to the runtime that runs it best (ONNX Runtime, Inductor, eager, ...
     model = torch.compile(model, backend="auto")      # works without `import dispatch`
     print(dispatch.explain(model, x))                  # what ran where, and why
 
+    program = dispatch.lower(model, (x,))              # one graph, routed, no Dynamo per call
+    program.save("model.dispatch"); dispatch.load("model.dispatch")(x)
+
 Importing ``dispatch`` is light: routes import their runtimes only when used.
 """
 
@@ -15,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 from .errors import (
     ConfigError,
     DispatchError,
+    InputSpecError,
+    LoweringError,
+    ProgramFileError,
     RouteFailedError,
     RouteUnavailableError,
     UnsupportedDeviceError,
@@ -23,6 +29,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .explanation import Explanation
+    from .program import LoweredProgram
     from .region import Plan, Region
 
 __version__ = "0.1.0"
@@ -31,7 +38,11 @@ __all__ = [
     "ConfigError",
     "DispatchError",
     "Explanation",
+    "InputSpecError",
+    "LoweredProgram",
+    "LoweringError",
     "Plan",
+    "ProgramFileError",
     "Region",
     "RouteFailedError",
     "RouteUnavailableError",
@@ -40,6 +51,8 @@ __all__ = [
     "auto",
     "available_routes",
     "explain",
+    "load",
+    "lower",
     "plan",
 ]
 
@@ -69,6 +82,24 @@ def explain(fn: Any, *args: Any, **kwargs: Any) -> Explanation:
     return explain_fn(fn, *args, **kwargs)
 
 
+def lower(
+    model: Any, args: Any, kwargs: Any = None, *, dynamic_shapes: Any = None, **options: Any
+) -> LoweredProgram:
+    """``model`` exported (``torch.export``), planned and lowered route by route
+    into a ``LoweredProgram`` that runs without Dynamo; ``options`` as ``auto``'s."""
+    from .lowering import lower as lower_fn
+
+    return lower_fn(model, args, kwargs, dynamic_shapes=dynamic_shapes, **options)
+
+
+def load(path: Any) -> LoweredProgram:
+    """The program that ``LoweredProgram.save`` wrote; runs no Dynamo, AOTAutograd
+    or export, and imports only the runtimes its regions use."""
+    from .archive import load_program
+
+    return load_program(path)
+
+
 def available_routes() -> dict[str, dict[str, Any]]:
     """Each route: available yes/no, version, and the reason when it is not."""
     from .routes import registry
@@ -85,6 +116,10 @@ def __getattr__(name: str) -> Any:
         from .explanation import Explanation
 
         return Explanation
+    if name == "LoweredProgram":
+        from .program import LoweredProgram
+
+        return LoweredProgram
     raise AttributeError(f"module 'dispatch' has no attribute {name!r}")
 
 

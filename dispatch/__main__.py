@@ -1,7 +1,8 @@
 """``python -m dispatch``: what this machine can route to, and why not.
 
-python -m dispatch          # a table
-python -m dispatch --json   # the same, machine-readable
+python -m dispatch               # a table
+python -m dispatch --json        # the same, machine-readable
+python -m dispatch inspect FILE  # a saved program: regions, routes, sizes, versions, sources
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from .errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["inspect"]:
+        return inspect_file(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m dispatch", description="What this machine can route to, and why not."
     )
@@ -51,6 +55,24 @@ def main(argv: list[str] | None = None) -> int:
     for name, info in routes.items():
         mark = "yes" if info["available"] else "no"
         print(f"  {name:<{width}}  {mark:<9}  {info['version'] or '-':<14}  {info['reason'] or ''}")
+    return 0
+
+
+def inspect_file(argv: list[str]) -> int:
+    """``python -m dispatch inspect FILE``: what a saved program holds (manifest only)."""
+    from .archive import describe_file
+    from .errors import DispatchError
+
+    parser = argparse.ArgumentParser(
+        prog="python -m dispatch inspect", description="What a saved dispatch program holds."
+    )
+    parser.add_argument("file", help="a file written by LoweredProgram.save")
+    args = parser.parse_args(argv)
+    try:
+        print(describe_file(args.file))
+    except (DispatchError, OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -41,19 +41,18 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import keyword
 import logging
-import operator
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.fx
 
 from . import aot, decompositions
 from .cache import ArtifactCache, versions, warn_once
-from .inspect import META_VAL, needs_gradients
+from .graph_data import GraphSource, describe, graph_source, read_graph
+from .inspect import needs_gradients
 
 log = logging.getLogger("dispatch")
 
@@ -76,7 +75,7 @@ def aten_graph_key(
         try:
             # Dynamo's fake values of every node: a custom op's changed fake
             # implementation changes the key, though not the graph's code.
-            values = json.dumps([_describe(n.meta.get("example_value")) for n in dynamo_gm.graph.nodes])
+            values = json.dumps([describe(n.meta.get("example_value")) for n in dynamo_gm.graph.nodes])
         except ValueError as error:
             reason = str(error)
     if reason is not None:
@@ -107,7 +106,7 @@ def load_aten_graph(cache: ArtifactCache, key: str) -> torch.fx.GraphModule | No
     if record is None:
         return None
     try:
-        return _read(GraphSource(**record))
+        return read_graph(GraphSource(**record))
     except Exception as error:  # an entry that no longer loads is a miss, then rewritten
         warn_once(f"dispatch: cached aten graph {key[:12]} does not load ({error}); tracing again")
         return None
@@ -131,7 +130,7 @@ def read_back(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, GraphSour
     if source is None:
         return None
     try:
-        same = _read(source)
+        same = read_graph(source)
     except Exception as error:
         log.debug("aten graph not cached: it does not read back (%s)", error)
         return None
@@ -141,22 +140,13 @@ def read_back(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, GraphSour
     return same, source
 
 
-class GraphSource(NamedTuple):
-    """What the cache stores of a graph: data only, never code."""
-
-    nodes: list[dict[str, Any]]  # each node's name, kind, target and arguments (``_node_record``)
-    values: list[Any]  # each node's ``meta["val"]`` as ``_describe`` writes it
-
-
 def _source_of(gm: torch.fx.GraphModule) -> GraphSource | None:
     """What the cache stores of ``gm``; None where a node cannot be written as data."""
     try:
-        nodes = [_node_record(node) for node in gm.graph.nodes]
-        values = [_describe(node.meta.get(META_VAL)) for node in gm.graph.nodes]
+        return graph_source(gm)
     except ValueError as error:
         log.debug("aten graph not cached: %s", error)
         return None
-    return GraphSource(nodes, values)
 
 
 def _not_storable(dynamo_gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
@@ -208,162 +198,3 @@ def _source_digest() -> str:
     for module in (decompositions, aot):
         h.update(Path(str(module.__file__)).read_bytes())
     return h.hexdigest()
-
-
-def _read(source: GraphSource) -> torch.fx.GraphModule:
-    """The graph that ``source`` describes: ops looked up by name, nothing executed
-    but FX's own code generation for the graph module."""
-    graph = torch.fx.Graph()
-    made: dict[str, torch.fx.Node] = {}
-    for record in source.nodes:
-        op, name = record["op"], record["name"]
-        if op not in _NODE_KINDS:
-            raise ValueError(f"node {name}: unknown kind {op!r}")
-        target = _target(record["target"]) if op == "call_function" else record["target"]
-        # FX writes a placeholder's target into the generated ``def forward(...)``.
-        if op == "placeholder" and not _plain_name(target):
-            raise ValueError(f"node {name}: placeholder {target!r:.80} is not a plain name")
-        if op == "output" and target != "output":
-            raise ValueError(f"node {name}: output target {target!r:.80}")
-        args = _decode(record["args"], made)
-        kwargs = _decode(record["kwargs"], made)
-        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
-            raise ValueError(f"node {name}: malformed arguments")
-        made[name] = graph.create_node(op, target, args, kwargs, name=name)
-        if made[name].name != name:
-            raise ValueError(f"node name {name!r} is taken")
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
-    _restore_values(gm, source.values)
-    return gm
-
-
-_NODE_KINDS = ("placeholder", "call_function", "output")
-_PYTHON_TARGETS = {"operator.getitem": operator.getitem}
-_TORCH_ENUMS = {"dtype": torch.dtype, "layout": torch.layout, "memory_format": torch.memory_format}
-
-
-def _plain_name(name: Any) -> bool:
-    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
-
-
-def _node_record(node: torch.fx.Node) -> dict[str, Any]:
-    if node.op not in _NODE_KINDS:
-        raise ValueError(f"node {node.name} is a {node.op}")
-    return {
-        "name": node.name,
-        "op": node.op,
-        "target": _target_name(node.target) if node.op == "call_function" else node.target,
-        "args": _encode(node.args),
-        "kwargs": _encode(node.kwargs),
-    }
-
-
-def _target_name(target: Any) -> str:
-    if isinstance(target, torch._ops.OpOverload):
-        return f"{target._schema.name}.{target._overloadname}"
-    for name, known in _PYTHON_TARGETS.items():
-        if target is known:
-            return name
-    raise ValueError(f"{target} is neither an operator overload nor operator.getitem")
-
-
-def _target(name: Any) -> Any:
-    """The operator that ``_target_name`` wrote: looked up in ``torch.ops``, never evaluated."""
-    if not isinstance(name, str):
-        raise ValueError(f"target {name!r} is not a name")
-    if name in _PYTHON_TARGETS:
-        return _PYTHON_TARGETS[name]
-    qualified, _, overload = name.rpartition(".")
-    namespace, _, op = qualified.partition("::")
-    if not (namespace.isidentifier() and op.isidentifier() and overload.isidentifier()):
-        raise ValueError(f"target {name!r} is not an operator name")
-    found = getattr(getattr(getattr(torch.ops, namespace), op), overload)
-    if not isinstance(found, torch._ops.OpOverload):
-        raise ValueError(f"target {name!r} is not an operator overload")
-    return found
-
-
-def _encode(value: Any) -> Any:
-    """A node argument as JSON: nodes by name, torch enums by name, containers tagged."""
-    if isinstance(value, torch.fx.Node):
-        return {"node": value.name}
-    if value is None or type(value) in (bool, int, float, str):
-        return value
-    if isinstance(value, (list, tuple)):
-        return {"tuple" if isinstance(value, tuple) else "list": [_encode(v) for v in value]}
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return {"dict": [[k, _encode(v)] for k, v in value.items()]}  # pairs: the cache sorts JSON keys
-    if isinstance(value, torch.device):
-        return {"device": str(value)}
-    for kind, cls in _TORCH_ENUMS.items():
-        if isinstance(value, cls):
-            return {kind: str(value).removeprefix("torch.")}
-    raise ValueError(f"an argument is a {type(value).__name__}")
-
-
-def _decode(value: Any, made: dict[str, torch.fx.Node]) -> Any:
-    if value is None or type(value) in (bool, int, float, str):
-        return value
-    if not isinstance(value, dict) or len(value) != 1:
-        raise ValueError(f"malformed argument {value!r:.80}")
-    ((kind, item),) = value.items()
-    if kind == "node":
-        return made[item]  # an unknown name is a KeyError: the entry does not load
-    if kind in ("list", "tuple") and isinstance(item, list):
-        items = [_decode(v, made) for v in item]
-        return tuple(items) if kind == "tuple" else items
-    if kind == "dict" and isinstance(item, list) and all(isinstance(p, list) and len(p) == 2 for p in item):
-        return {str(k): _decode(v, made) for k, v in item}
-    if kind == "device" and isinstance(item, str):
-        return torch.device(item)
-    cls = _TORCH_ENUMS.get(kind)
-    if cls is not None and isinstance(item, str) and item.isidentifier():
-        found = getattr(torch, item, None)
-        if isinstance(found, cls):
-            return found
-    raise ValueError(f"malformed argument {value!r:.80}")
-
-
-def _describe(value: Any) -> Any:
-    """A node's value as JSON: tensors by their metadata, sequences and Python scalars as such."""
-    if isinstance(value, torch.Tensor):
-        sizes = [*value.shape, *value.stride(), value.storage_offset()]
-        if not all(type(n) is int for n in sizes):
-            raise ValueError("a value has a symbolic size")
-        return {
-            "shape": list(value.shape),
-            "stride": list(value.stride()),
-            "offset": value.storage_offset(),
-            "dtype": str(value.dtype).removeprefix("torch."),
-            "device": str(value.device),
-        }
-    if isinstance(value, (list, tuple)):
-        return {"items": [_describe(v) for v in value], "tuple": isinstance(value, tuple)}
-    if value is None or type(value) in (bool, int, float):
-        return {"scalar": value}
-    raise ValueError(f"a value is a {type(value).__name__}")
-
-
-def _restore_values(gm: torch.fx.GraphModule, values: list[Any]) -> None:
-    """``meta["val"]`` on every node, fake tensors as AOTAutograd's trace left them.
-
-    Each is made from a meta tensor by the fake mode's converter: a fifth of the
-    time of ``torch.empty_strided`` under the mode (0.05 against 0.2 ms)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    mode = FakeTensorMode()
-    for node, value in zip(gm.graph.nodes, values, strict=True):
-        node.meta[META_VAL] = _fake(mode, value)
-
-
-def _fake(mode: Any, description: dict[str, Any]) -> Any:
-    if "items" in description:
-        items = [_fake(mode, d) for d in description["items"]]
-        return tuple(items) if description["tuple"] else items
-    if "scalar" in description:
-        return description["scalar"]
-    shape, stride, offset = description["shape"], description["stride"], description["offset"]
-    dtype = getattr(torch, description["dtype"])
-    extent = offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else offset
-    meta = torch.empty(extent, dtype=dtype, device="meta").as_strided(shape, stride, offset)
-    return mode.fake_tensor_converter.from_meta_and_device(mode, meta, torch.device(description["device"]))

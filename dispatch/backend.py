@@ -71,7 +71,7 @@ def auto(
         config = Config.resolve(options)
     except DispatchError as error:
         return _raiser(error)
-    _configure_logging(config.log_level)
+    configure_logging(config.log_level)
     with COMPILE_LOCK, using(ArtifactCache(config.cache_dir)), inductor_cache(config.cache_dir):
         return _compile(gm, example_inputs, config)
 
@@ -82,7 +82,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Co
     if lead is not None:
         compiler = _GraphCompiler(config, recorder.next_graph_index(), plan_only=False, inputs=inputs)
         return compile_as_inductor(compiler, gm, example_inputs, lead)
-    decompositions = onnx_friendly() if _onnxrt_may_run(config, example_inputs) else None
+    decompositions = onnx_friendly() if onnxrt_may_run(config, example_inputs) else None
     compiler = _GraphCompiler(
         config,
         recorder.next_graph_index(),
@@ -292,7 +292,7 @@ class _GraphCompiler:
         return make_boxed_func(program)
 
 
-def _configure_logging(level: str) -> None:
+def configure_logging(level: str) -> None:
     """``DISPATCH_LOG=info`` prints even where the application configured no logging."""
     log.setLevel(level.upper())
     if level != "warning" and not log.handlers and not logging.getLogger().handlers:
@@ -301,7 +301,7 @@ def _configure_logging(level: str) -> None:
         log.addHandler(handler)
 
 
-def _onnxrt_may_run(config: Config, example_inputs: Sequence[Any]) -> bool:
+def onnxrt_may_run(config: Config, example_inputs: Sequence[Any]) -> bool:
     """Whether this graph is CPU inference that the onnxrt route is allowed to take."""
     if needs_gradients(example_inputs):
         return False

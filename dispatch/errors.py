@@ -30,3 +30,17 @@ class RouteFailedError(DispatchError):
 
 class ConfigError(DispatchError, ValueError):
     """An unknown option, or an option or environment variable with a bad value."""
+
+
+class LoweringError(DispatchError):
+    """``dispatch.lower`` cannot make a saved program of this model (an export that
+    fails, a program that updates its inputs or buffers, a region that cannot be saved)."""
+
+
+class ProgramFileError(DispatchError):
+    """A saved program that cannot be read: truncated or altered, a format this
+    version does not read, or an operator or type this process has not registered."""
+
+
+class InputSpecError(DispatchError, ValueError):
+    """A lowered program called with inputs that do not match what it was lowered for."""

@@ -123,7 +123,7 @@ class RegionRunner:
                     if self.config.verify and route != "eager":
                         check_close(self.gm(*args), fn(*args))
                 except Exception as error:
-                    self._next_route("compile", error)
+                    self.next_route("compile", error)
                     continue
                 self._fn = fn
             return self._fn
@@ -210,10 +210,11 @@ class RegionRunner:
         with self._lock:
             if self._fn is failed:  # another thread may have moved on already
                 self._fn = None
-                self._next_route("run", error)
+                self.next_route("run", error)
         return self(*args)
 
-    def _next_route(self, stage: str, error: Exception) -> None:
+    def next_route(self, stage: str, error: Exception) -> None:
+        """Drop the failed route: warn once and go on with the next, or raise under strict."""
         failed = self.chain.pop(0)
         plan, run = self.plan, self.run
         detail = f"{type(error).__name__}: {error}".splitlines()[0][:300]

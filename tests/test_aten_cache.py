@@ -13,6 +13,7 @@ import torch
 import dispatch.aten_cache as aten_cache
 import dispatch.backend as backend
 import dispatch.cache as cache_module
+import dispatch.graph_data as graph_data
 from dispatch.cache import ArtifactCache, CacheWarning
 
 EAGER = {"routes": ["eager"], "min_region_size": 1}  # cheap to plan and run; the graphs are what is checked
@@ -94,13 +95,13 @@ def test_a_second_compile_plans_the_graph_the_first_traced(planned, fn):
 
 
 def test_a_graph_that_reads_back_otherwise_is_not_stored(planned, monkeypatch):
-    record = aten_cache._node_record
+    record = graph_data.node_record
 
-    def renaming(node):
-        written = record(node)
+    def renaming(node, kinds=graph_data._NODE_KINDS):
+        written = record(node, kinds)
         return {**written, "target": "renamed"} if node.op == "placeholder" else written
 
-    monkeypatch.setattr(aten_cache, "_node_record", renaming)
+    monkeypatch.setattr(graph_data, "node_record", renaming)
     x = torch.randn(4, 5)
     with torch.no_grad():
         torch.compile(_ramp, backend="auto", options=EAGER)(x)

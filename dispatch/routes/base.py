@@ -2,14 +2,18 @@
 
 A route is a small object: ``name``, ``devices``, ``available()``,
 ``supports(node, graph) -> None | reason`` and ``compile(gm, example_inputs)``.
-Heavy imports (onnxruntime, triton) happen inside ``available()`` and
-``compile()``, never at import time.
+For saved programs (``dispatch.lower``), a route also turns a region into bytes
+and back, as ExecuTorch's backend contract does:
+``preprocess(region, compile_specs) -> PreprocessResult`` and
+``load(processed_bytes, region, specs) -> callable``.
+Heavy imports (onnxruntime, triton) happen inside ``available()``,
+``compile()``, ``preprocess()`` and ``load()``, never at import time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,6 +42,36 @@ class Availability:
 
     def to_dict(self) -> dict[str, Any]:
         return {"available": self.ok, "version": self.version, "reason": self.reason}
+
+
+@dataclass
+class RegionProgram:
+    """One region handed to ``preprocess`` or ``load``: its aten graph, and its real
+    inputs when lowering (None when loading: a route's payload must not need them)."""
+
+    gm: torch.fx.GraphModule
+    example_inputs: Sequence[Any] | None = None
+
+
+@dataclass(frozen=True)
+class PreprocessResult:
+    """What a route made of a region for a saved program.
+
+    ``processed_bytes``: the payload its ``load`` reads. ``debug_handle_map``:
+    each handle inside the payload (a kernel, an op) -> the aten nodes it runs.
+    ``specs``: the compile specs with what ``load`` needs beside the bytes
+    (JSON-serialisable). ``baked``: the region's input positions whose values
+    are inside the payload, so that the program need not pass or store them."""
+
+    processed_bytes: bytes
+    debug_handle_map: dict[str, list[str]]
+    specs: dict[str, Any] = field(default_factory=dict)
+    baked: frozenset[int] = frozenset()
+
+
+def op_handles(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
+    """The debug map of a payload that runs the region's aten nodes one by one."""
+    return {n.name: [n.name] for n in gm.graph.nodes if n.op == "call_function"}
 
 
 class Route:
@@ -79,6 +113,14 @@ class Route:
     def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
         """A callable taking the region's inputs positionally, returning a tuple."""
         raise NotImplementedError
+
+    def preprocess(self, region: RegionProgram, compile_specs: Mapping[str, Any]) -> PreprocessResult:
+        """The region as bytes for a saved program; ``region.example_inputs`` are real."""
+        raise NotImplementedError(f"route {self.name!r} cannot save its regions")
+
+    def load(self, processed_bytes: bytes, region: RegionProgram, specs: Mapping[str, Any]) -> CompiledFn:
+        """The inverse of ``preprocess``: a callable like ``compile``'s, from the bytes."""
+        raise NotImplementedError(f"route {self.name!r} cannot load saved regions")
 
     def __repr__(self) -> str:
         return f"<route {self.name}>"

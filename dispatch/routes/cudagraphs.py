@@ -22,19 +22,22 @@ clear error if an overwritten output is read).
 
 Threads: CUDA graph trees keep one tree (and memory pool) per thread, so each
 thread that calls a region captures it for itself.
+
+Saved programs: the payload is the inner route's (``compile_specs["inner"]``);
+the capture happens on the loaded program's first call.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
 from ..inspect import META_STATIC, first_device, is_symbolic, tensor_values
-from .base import Availability, CompiledFn, Route, WrappingRoute
+from .base import Availability, CompiledFn, PreprocessResult, RegionProgram, Route, WrappingRoute
 from .registry import registry
 
 
@@ -94,6 +97,14 @@ class CudaGraphsRoute(WrappingRoute):
             "placeholders": get_placeholder_info(gm.graph),
         }
         return _Captured(_boxed(inner), options, outputs_survive)
+
+    def preprocess(self, region: RegionProgram, compile_specs: Mapping[str, Any]) -> PreprocessResult:
+        return registry.get(compile_specs["inner"]).preprocess(region, compile_specs)
+
+    def load(self, processed_bytes: bytes, region: RegionProgram, specs: Mapping[str, Any]) -> CompiledFn:
+        inner = registry.get(specs["inner"]).load(processed_bytes, region, specs)
+        device = [torch.empty(0, device=specs["device"])]
+        return self.wrap(inner, region.gm, device, outputs_survive=bool(specs.get("outputs_survive", True)))
 
 
 def _boxed(inner: CompiledFn) -> Callable[[list[Any]], list[Any]]:

@@ -7,19 +7,27 @@ is compiled with ``torch._inductor.compile`` on the real inputs of its first
 call; a region of a dynamic-shape graph is compiled once for all sizes of its
 symbolic dimensions. Inductor never runs on ``mps``: forcing it there is an
 ``UnsupportedDeviceError``.
+
+In a saved program an inductor region is an AOTInductor package: the region
+exported again with its symbolic dimensions and compiled ahead of time to a
+shared library (C++ on CPU, Triton kernels on CUDA), loaded with
+``aoti_load_package``. Loading it loads native code: a file with inductor
+regions is trusted as a shared library is.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
 from ..inspect import META_VAL, is_symbolic
-from .base import Availability, CompiledFn, Route
+from .base import Availability, CompiledFn, PreprocessResult, RegionProgram, Route, op_handles
 from .registry import registry
 
 
@@ -41,6 +49,49 @@ class InductorRoute(Route):
         if any(is_symbolic(p) for p in placeholders):
             return inductor_compile(gm, _symbolic_inputs(placeholders, example_inputs))
         return inductor_compile(gm, list(example_inputs))
+
+    def preprocess(self, region: RegionProgram, compile_specs: Mapping[str, Any]) -> PreprocessResult:
+        """The region as an AOTInductor package (the bytes of its ``.pt2`` archive)."""
+        from torch._inductor import aoti_compile_and_package
+
+        gm, args = region.gm, region.example_inputs
+        assert args is not None, "preprocess needs the region's real inputs"
+        placeholders = gm.graph.find_nodes(op="placeholder")
+        if not all(isinstance(a, torch.Tensor) for a in args):
+            raise RuntimeError("inductor: a saved region takes tensors only (a size is passed as an integer)")
+        dynamic = [
+            {d: torch.export.Dim.DYNAMIC for d, s in enumerate(_shape(p)) if isinstance(s, torch.SymInt)}
+            for p in placeholders
+        ]
+        program = torch.export.export(
+            gm, tuple(args), dynamic_shapes=tuple(dynamic) if any(dynamic) else None, strict=False
+        )
+        with tempfile.TemporaryDirectory(prefix="dispatch-aoti-") as folder:
+            path = aoti_compile_and_package(program, package_path=os.path.join(folder, "region.pt2"))
+            with open(path, "rb") as file:
+                payload = file.read()
+        return PreprocessResult(payload, op_handles(gm), dict(compile_specs))
+
+    def load(self, processed_bytes: bytes, region: RegionProgram, specs: Mapping[str, Any]) -> CompiledFn:
+        from torch._inductor import aoti_load_package
+
+        # The package must be a file; the runner extracts what it needs while loading.
+        with tempfile.TemporaryDirectory(prefix="dispatch-aoti-") as folder:
+            path = os.path.join(folder, "region.pt2")
+            with open(path, "wb") as file:
+                file.write(processed_bytes)
+            package = aoti_load_package(path)
+
+        def run(*args: Any) -> tuple[Any, ...]:
+            out = package(*args)
+            return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+        return run
+
+
+def _shape(node: torch.fx.Node) -> tuple[Any, ...]:
+    value = node.meta.get(META_VAL)
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else ()
 
 
 def _symbolic_inputs(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> list[Any]:

@@ -17,7 +17,7 @@ import importlib
 import importlib.util
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -33,7 +33,15 @@ from ..inspect import (
     tensor_values,
 )
 from ..work import estimated_flops
-from .base import Availability, CompiledFn, Route, install_hint
+from .base import (
+    Availability,
+    CompiledFn,
+    PreprocessResult,
+    RegionProgram,
+    Route,
+    install_hint,
+    op_handles,
+)
 from .onnx_export import export_region, fed_positions
 from .onnx_model import OnnxModel
 from .onnx_ops import translatable
@@ -108,6 +116,30 @@ class OnnxRoute(Route):
     def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
         return _FrozenWeightsRunner(gm, example_inputs)
 
+    def preprocess(self, region: RegionProgram, compile_specs: Mapping[str, Any]) -> PreprocessResult:
+        """The ONNX model with the region's parameters and buffers baked in as
+        initializers (the payload of ``OnnxModel.parts``: graph, then raw arrays)."""
+        gm, args = region.gm, region.example_inputs
+        assert args is not None, "preprocess needs the region's real inputs"
+        frozen = frozenset(_static_positions(gm))
+        model = _cached_export(gm, args, frozen)
+        specs = {
+            **compile_specs,
+            "device": str(first_device(args)),
+            "small": _small(gm, args),
+            "fed": fed_positions(args, frozen),
+            "bools": _bool_outputs(gm),
+        }
+        return PreprocessResult(b"".join(bytes(p) for p in model.parts()), op_handles(gm), specs, frozen)
+
+    def load(self, processed_bytes: bytes, region: RegionProgram, specs: Mapping[str, Any]) -> CompiledFn:
+        model = OnnxModel.from_payload(processed_bytes)
+        count = len(_output_values(region.gm))
+        device = torch.device(specs["device"])
+        return bound_session(
+            model, device, bool(specs["small"]), list(specs["fed"]), list(specs["bools"]), count
+        )
+
 
 class _FrozenWeightsRunner:
     """An ORT session for one region, with its parameters and buffers baked in.
@@ -122,8 +154,7 @@ class _FrozenWeightsRunner:
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
         self.gm = gm
-        placeholders = gm.graph.find_nodes(op="placeholder")
-        self.frozen = [i for i, p in enumerate(placeholders) if p.meta.get(META_STATIC)]
+        self.frozen = _static_positions(gm)
         self._build(example_inputs)
 
     def _build(self, args: Sequence[Any]) -> None:
@@ -158,10 +189,30 @@ def _cached_export(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozen
 
 
 def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> CompiledFn:
+    model = _cached_export(gm, args, frozen)
+    return bound_session(
+        model,
+        first_device(args),
+        _small(gm, args),
+        fed_positions(args, frozen),
+        _bool_outputs(gm),
+        len(_output_values(gm)),
+    )
+
+
+def bound_session(
+    model: OnnxModel,
+    device: torch.device,
+    small: bool,
+    positions: list[int],
+    bools: list[int],
+    output_count: int,
+) -> _BoundRunner:
+    """An ORT session of ``model`` on ``device``, run through IO binding: the region's
+    inputs at ``positions`` feed the model's inputs in order; the region has
+    ``output_count`` outputs, booleans at ``bools``. ``small``: one thread (``_small``)."""
     import onnxruntime as ort
 
-    model = _cached_export(gm, args, frozen)
-    device = first_device(args)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
@@ -169,7 +220,7 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
     # top of the arena: +10 MB resident on the transformer layer after ten calls,
     # for no speed measurable on any benchmark model (benchmarks/README.md).
     options.enable_mem_pattern = False
-    if _small(gm, args):
+    if small:
         options.intra_op_num_threads = 1
     # ORT's workers spin while a run lasts and stop as it returns: left spinning
     # after it, they took the cores from whatever ran next (eager regions,
@@ -184,15 +235,19 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
     feed_names = [i.name for i in session.get_inputs()]
     # The model's inputs are the region's tensor inputs that were not baked in,
     # in order (the exporter may rename them).
-    positions = fed_positions(args, frozen)
     if len(feed_names) != len(positions):
         raise RuntimeError(f"onnxrt: exported model has {len(feed_names)} inputs, expected {len(positions)}")
     outputs = [o.name for o in session.get_outputs()]
-    values = _output_values(gm)
-    if len(outputs) != len(values):
-        raise RuntimeError(f"onnxrt: exported model has {len(outputs)} outputs, the region has {len(values)}")
-    bools = [k for k, v in enumerate(values) if getattr(v, "dtype", None) == torch.bool]
+    if len(outputs) != output_count:
+        raise RuntimeError(
+            f"onnxrt: exported model has {len(outputs)} outputs, the region has {output_count}"
+        )
     return _BoundRunner(session, feed_names, positions, outputs, device, bools)
+
+
+def _bool_outputs(gm: torch.fx.GraphModule) -> list[int]:
+    """Positions of the region's boolean outputs."""
+    return [k for k, v in enumerate(_output_values(gm)) if getattr(v, "dtype", None) == torch.bool]
 
 
 class _BoundRunner:
@@ -288,6 +343,11 @@ def _largest_numel(args: Sequence[Any]) -> int:
     # Real inputs, never the graph's fake values: comparing a symbolic size would
     # add a guard to Dynamo's shape environment and specialise the graph.
     return max((t.numel() for t in args if isinstance(t, torch.Tensor)), default=0)
+
+
+def _static_positions(gm: torch.fx.GraphModule) -> list[int]:
+    """The region's inputs fed by parameters and buffers: baked in as initializers."""
+    return [i for i, p in enumerate(gm.graph.find_nodes(op="placeholder")) if p.meta.get(META_STATIC)]
 
 
 def _output_values(gm: torch.fx.GraphModule) -> list[Any]:

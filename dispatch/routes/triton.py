@@ -6,21 +6,27 @@ not handle is refused at plan time with the reason. A region is compiled by
 rewriting its graph: each match's nodes are replaced by one call to its
 Triton kernel. It runs on CUDA, and on CPU
 only under ``TRITON_INTERPRET=1`` (the Triton interpreter, for tests).
+
+In a saved program a triton region's payload names its kernels in order; the
+kernels and their launch configuration come from ``kernels/`` of the loading
+process (code is never read from the file), matched again on the region's
+stored graph, and a file whose kernels differ from the ones found is refused.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
 from ..inspect import META_PATTERN, META_PATTERN_REFUSED, GraphFacts
-from .base import Availability, CompiledFn, Route, install_hint
+from .base import Availability, CompiledFn, PreprocessResult, RegionProgram, Route, install_hint
 from .registry import registry
 from .triton_patterns import PatternMatch, find_patterns
 
@@ -90,6 +96,22 @@ class TritonRoute(Route):
         module.graph.lint()
         module.recompile()
         return module.forward
+
+    def preprocess(self, region: RegionProgram, compile_specs: Mapping[str, Any]) -> PreprocessResult:
+        """The names of the region's kernels, in order, with the nodes each one runs."""
+        self.compile(region.gm, region.example_inputs or ())  # refuses what it cannot run, as at run time
+        matches, _ = find_patterns(region.gm)
+        handles = {f"{i}:{m.name}": [n.name for n in m.nodes] for i, m in enumerate(matches)}
+        payload = json.dumps({"kernels": [m.name for m in matches]}).encode()
+        return PreprocessResult(payload, handles, dict(compile_specs))
+
+    def load(self, processed_bytes: bytes, region: RegionProgram, specs: Mapping[str, Any]) -> CompiledFn:
+        stored = json.loads(processed_bytes)["kernels"]
+        matches, _ = find_patterns(region.gm)
+        found = [m.name for m in matches]
+        if found != stored:
+            raise RuntimeError(f"triton: the file's kernels {stored} are not this version's {found}")
+        return self.compile(region.gm, ())
 
 
 def _rewrite(

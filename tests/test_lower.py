@@ -1,0 +1,377 @@
+"""dispatch.lower, LoweredProgram.save and dispatch.load: round trips (in fresh
+processes too), custom ops, dynamic batch, damaged files and wrong inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from torch.export import Dim
+
+import dispatch
+from dispatch.errors import (
+    InputSpecError,
+    LoweringError,
+    ProgramFileError,
+    RouteFailedError,
+    RouteUnavailableError,
+)
+from dispatch.routes import registry
+from dispatch.stitch import FallbackWarning
+from tests.lowering_ops import WithCustomOp
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.net(x), dim=-1)
+
+
+class TwoHeads(torch.nn.Module):
+    """Keyword input, a dict of outputs, and a data-dependent op (eager) beside ORT's work."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(6, 6)
+        self.scale = torch.nn.Parameter(torch.tensor([0.5, 2.0, 1.0, 3.0, -1.0, 0.25]))
+        self.gain = torch.nn.Parameter(torch.tensor(3.0))
+
+    def forward(self, x: torch.Tensor, *, bias: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = torch.relu(self.body(x) + bias)
+        picked = h[h > 0.1] * self.gain  # data-dependent shape: runs eager, with its weight
+        return {"h": h * self.scale, "picked": picked}
+
+
+def _run_python(code: str, *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter, with the repository importable."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=300,
+    )
+
+
+def _manifest(path: Path) -> dict:
+    with zipfile.ZipFile(path) as archive:
+        return json.loads(archive.read("manifest.json"))
+
+
+@torch.no_grad()
+def test_round_trip_equals_auto_and_stores_no_weight_that_onnx_runtime_baked(tmp_path):
+    model = MLP().eval()
+    x = torch.randn(5, 8)
+    program = dispatch.lower(model, (x,))
+    assert isinstance(program, torch.nn.Module)
+    assert [r.route for r in program.regions] == ["onnxrt"]
+    auto = torch.compile(model, backend="auto")(x)
+    torch.testing.assert_close(program(x), auto)
+    path = tmp_path / "mlp.dispatch"
+    program.save(path)
+    loaded = dispatch.load(path)
+    torch.testing.assert_close(loaded(x), model(x))
+    manifest = _manifest(path)
+    assert manifest["weights"] == []  # every weight is an initializer of the ONNX payload
+    (region,) = manifest["regions"]
+    assert region["route"] == "onnxrt" and region["payload_bytes"] > 16 * 8 * 4
+    assert {s["op"] for s in region["sources"]} >= {"aten.linear.default", "aten.relu.default"}
+    assert {s["module"] for s in region["sources"]} >= {"net.0", "net.1", "net.2"}
+
+
+@torch.no_grad()
+def test_eager_regions_keep_their_weights_once_as_raw_tensors(tmp_path):
+    model = MLP().eval()
+    x = torch.randn(2, 8)
+    program = dispatch.lower(model, (x,), routes=["eager"])
+    path = tmp_path / "eager.dispatch"
+    program.save(path)
+    manifest = _manifest(path)
+    params = dict(model.named_parameters())
+    assert len(manifest["weights"]) == len(params)
+    with zipfile.ZipFile(path) as archive:
+        stored = sum(archive.getinfo(w["file"]).file_size for w in manifest["weights"])
+    assert stored == sum(p.numel() * p.element_size() for p in params.values())
+    torch.testing.assert_close(dispatch.load(path)(x), model(x))
+
+
+@torch.no_grad()
+def test_keywords_dicts_and_a_data_dependent_region_round_trip(tmp_path):
+    model = TwoHeads().eval()
+    x, bias = torch.randn(4, 6), torch.randn(6)
+    program = dispatch.lower(model, (x,), {"bias": bias})
+    routes = {r.route for r in program.regions}
+    assert routes == {"onnxrt", "eager"}
+    path = tmp_path / "heads.dispatch"
+    program.save(path)
+    loaded = dispatch.load(path)
+    expected = model(x, bias=bias)
+    for got in (program(x, bias=bias), loaded(x, bias=bias)):
+        assert set(got) == {"h", "picked"}
+        torch.testing.assert_close(got["h"], expected["h"])
+        torch.testing.assert_close(got["picked"], expected["picked"])
+    assert [w["name"] for w in _manifest(path)["weights"]] == [
+        "p_gain"
+    ]  # the eager region's; ORT baked the rest
+
+
+@torch.no_grad()
+def test_dynamic_batch_runs_every_size_in_range_and_refuses_others(tmp_path):
+    model = MLP().eval()
+    batch = Dim("batch", min=1, max=64)
+    program = dispatch.lower(model, (torch.randn(4, 8),), dynamic_shapes=({0: batch},))
+    path = tmp_path / "dynamic.dispatch"
+    program.save(path)
+    loaded = dispatch.load(path)
+    for n in (1, 3, 17, 64):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(loaded(x), model(x))
+    with pytest.raises(
+        InputSpecError, match=r"input x: expected a float32 tensor of shape \[s\w+, 8\].*\.\.64"
+    ):
+        loaded(torch.randn(65, 8))
+
+
+@torch.no_grad()
+def test_wrong_inputs_name_the_input_and_what_was_expected():
+    program = dispatch.lower(MLP().eval(), (torch.randn(3, 8),))
+    with pytest.raises(InputSpecError, match=r"takes 1 inputs \(x\), got 2"):
+        program(torch.randn(3, 8), torch.randn(3, 8))
+    with pytest.raises(
+        InputSpecError,
+        match=r"input x: expected a float32 tensor of shape \[3, 8\] on cpu, got a float32 tensor of shape \[3, 9\]",
+    ):
+        program(torch.randn(3, 9))
+    with pytest.raises(InputSpecError, match="got a float64 tensor"):
+        program(torch.randn(3, 8, dtype=torch.float64))
+    with pytest.raises(InputSpecError, match="on cpu, got a float32 tensor of shape \\[3, 8\\] on meta"):
+        program(torch.empty(3, 8, device="meta"))
+    with pytest.raises(InputSpecError, match="unexpected keyword arguments \\['y'\\]"):
+        program(torch.randn(3, 8), y=1)
+
+
+def test_a_program_that_updates_state_is_refused():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).train()
+    with pytest.raises(LoweringError, match=r"updates .*running_mean.*model\.eval\(\)"):
+        dispatch.lower(model, (torch.randn(8, 4),))
+
+
+def test_an_export_failure_says_what_to_use_instead():
+    class Branchy(torch.nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent Python control flow: no single graph
+                return x + 1
+            return x - 1
+
+    with pytest.raises(LoweringError, match=r"torch.export could not export Branchy.*backend='auto'"):
+        dispatch.lower(Branchy(), (torch.randn(3),))
+
+
+@torch.no_grad()
+def test_a_route_that_fails_to_lower_falls_back_for_that_region_alone(monkeypatch):
+    onnxrt = registry.get("onnxrt")
+
+    def broken(region, specs):
+        raise RuntimeError("exporter exploded")
+
+    monkeypatch.setattr(onnxrt, "preprocess", broken)
+    model = MLP().eval()
+    x = torch.randn(2, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        program = dispatch.lower(model, (x,))
+    fallbacks = [w for w in caught if issubclass(w.category, FallbackWarning)]
+    assert len(fallbacks) == 1 and "exporter exploded" in str(fallbacks[0].message)
+    (region,) = program.regions
+    assert region.route == "eager" and "exporter exploded" in region.rejected["onnxrt"]
+    torch.testing.assert_close(program(x), model(x))
+    with pytest.raises(RouteFailedError, match="onnxrt"):
+        dispatch.lower(model, (x,), routes=["onnxrt"], strict=True)
+
+
+@torch.no_grad()
+def test_damaged_files_and_other_formats_raise_program_file_errors(tmp_path):
+    path = tmp_path / "mlp.dispatch"
+    dispatch.lower(MLP().eval(), (torch.randn(2, 8),)).save(path)
+    data = path.read_bytes()
+
+    truncated = tmp_path / "truncated.dispatch"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ProgramFileError, match="truncated or altered"):
+        dispatch.load(truncated)
+
+    altered = tmp_path / "altered.dispatch"
+    at = data.index(b"call_function")  # inside a stored graph
+    altered.write_bytes(data[:at] + b"X" + data[at + 1 :])
+    with pytest.raises(ProgramFileError, match="truncated or altered"):
+        dispatch.load(altered)
+
+    future = tmp_path / "future.dispatch"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(future, "w") as target:
+        for info in source.infolist():
+            content = source.read(info)
+            if info.filename == "manifest.json":
+                manifest = json.loads(content)
+                manifest["format"] = 99
+                content = json.dumps(manifest).encode()
+            target.writestr(info, content)
+    with pytest.raises(ProgramFileError, match=r"has format 99 .*reads format 1"):
+        dispatch.load(future)
+
+    not_zip = tmp_path / "notes.txt"
+    not_zip.write_text("hello")
+    with pytest.raises(ProgramFileError):
+        dispatch.load(not_zip)
+
+
+@torch.no_grad()
+def test_a_stored_graph_cannot_name_python_code(tmp_path):
+    path = tmp_path / "eager.dispatch"
+    dispatch.lower(MLP().eval(), (torch.randn(2, 8),), routes=["eager"]).save(path)
+    evil = tmp_path / "evil.dispatch"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(evil, "w") as target:
+        for info in source.infolist():
+            content = source.read(info)
+            if info.filename.endswith(".graph.json") and info.filename.startswith("regions/"):
+                graph = json.loads(content)
+                for node in graph["nodes"]:
+                    if node["op"] == "call_function":
+                        node["target"] = "builtins.eval"
+                content = json.dumps(graph).encode()
+            target.writestr(info, content)
+    with pytest.raises(ProgramFileError, match=r"builtins\.eval"):
+        dispatch.load(evil)
+
+
+@torch.no_grad()
+def test_a_missing_runtime_names_the_region_and_the_install_command(tmp_path, monkeypatch):
+    from dispatch.routes.base import Availability, install_hint
+
+    path = tmp_path / "mlp.dispatch"
+    dispatch.lower(MLP().eval(), (torch.randn(2, 8),)).save(path)
+    onnxrt = registry.get("onnxrt")
+    monkeypatch.setattr(
+        onnxrt, "available", lambda: Availability(False, None, f"not installed; {install_hint('onnx')}")
+    )
+    with pytest.raises(
+        RouteUnavailableError,
+        match=r"region onnxrt_cpu_0 .* runs on onnxrt.*pip install 'torch-auto-dispatch\[onnx\]'",
+    ):
+        dispatch.load(path)
+
+
+def test_a_fresh_process_loads_without_tracing_and_without_unused_runtimes(tmp_path):
+    path = tmp_path / "eager.dispatch"
+    model = MLP().eval()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        dispatch.lower(model, (x,), routes=["eager"]).save(path)
+        expected = model(x)
+    torch.save({"x": x, "expected": expected}, tmp_path / "io.pt")
+    result = _run_python(
+        f"""
+        import sys, torch
+        def refuse(*a, **k):
+            raise AssertionError("loading traced")
+        torch.export.export = refuse
+        import torch._functorch.aot_autograd as aot
+        aot.aot_module_simplified = refuse
+        import dispatch
+        program = dispatch.load({str(path)!r})
+        io = torch.load({str(tmp_path / "io.pt")!r})
+        torch.testing.assert_close(program(io["x"]), io["expected"])
+        from torch._dynamo.utils import counters
+        assert not counters["stats"], dict(counters["stats"])
+        print("onnxruntime" in sys.modules, "onnxscript" in sys.modules)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "False"]
+
+
+def test_custom_ops_load_where_their_library_is_imported(tmp_path):
+    path = tmp_path / "custom.dispatch"
+    model = WithCustomOp().eval()
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        program = dispatch.lower(model, (x,))
+        expected = model(x)
+    assert "dispatch_tests.scaled_tanh.default" in {op for r in program.regions for op in r.ops}
+    program.save(path)
+    torch.save({"x": x, "expected": expected}, tmp_path / "io.pt")
+    load = f"""
+        import torch, dispatch
+        program = dispatch.load({str(path)!r})
+        io = torch.load({str(tmp_path / "io.pt")!r})
+        torch.testing.assert_close(program(io["x"]), io["expected"])
+        print("ok")
+        """
+    without = _run_python(load)
+    assert without.returncode != 0
+    assert "ProgramFileError" in without.stderr
+    assert "dispatch_tests::scaled_tanh.default" in without.stderr
+    assert "import the library that defines it before loading" in without.stderr
+    with_library = _run_python("import tests.lowering_ops\n" + textwrap.dedent(load))
+    assert with_library.returncode == 0, with_library.stderr
+    assert with_library.stdout.strip() == "ok"
+
+
+@torch.no_grad()
+def test_inspect_prints_regions_routes_sizes_versions_and_sources(tmp_path):
+    path = tmp_path / "heads.dispatch"
+    dispatch.lower(TwoHeads().eval(), (torch.randn(4, 6),), {"bias": torch.randn(6)}).save(path)
+    result = _run_python(f"import sys, dispatch.__main__ as m; sys.exit(m.main(['inspect', {str(path)!r}]))")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert f"torch {torch.__version__}" in out
+    assert "x: float32 [4, 6] on cpu" in out and "bias: float32 [6] on cpu" in out
+    assert "onnxrt on cpu" in out and "eager on cpu" in out
+    assert "aten.addmm.default" in out or "aten.linear.default" in out
+    assert "test_lower.py:" in out  # the ops of TwoHeads.forward point at its lines
+    assert "weights: 1 tensors, 4 bytes" in out
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_inductor_regions_round_trip_as_aot_inductor_packages(tmp_path):
+    """AOTInductor compiles C++ for about a minute cold on CPU: ``nox -s slow``."""
+    model = MLP().eval()
+    program = dispatch.lower(
+        model, (torch.randn(4, 8),), dynamic_shapes=({0: Dim("batch", max=32)},), routes=["inductor"]
+    )
+    assert [r.route for r in program.regions] == ["inductor"]
+    path = tmp_path / "inductor.dispatch"
+    program.save(path)
+    loaded = dispatch.load(path)
+    for n in (2, 9):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(loaded(x), model(x))
+
+
+@torch.no_grad()
+def test_triton_regions_round_trip_as_named_kernels(tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    model = torch.nn.Sequential(torch.nn.LayerNorm(24), torch.nn.Softmax(dim=-1)).eval()
+    x = torch.randn(3, 24)
+    program = dispatch.lower(model, (x,), routes=["triton"])
+    assert {r.route for r in program.regions} == {"triton"}
+    path = tmp_path / "triton.dispatch"
+    program.save(path)
+    handles = {h for r in _manifest(path)["regions"] for h in r["debug_handle_map"]}
+    assert {h.split(":")[1] for h in handles} == {"layer_norm", "softmax"}
+    torch.testing.assert_close(dispatch.load(path)(x), model(x))
