@@ -137,7 +137,9 @@ def _with_ratios(row: dict) -> dict:
         )
     lowered, auto = cols["lowered"], cols["auto"]
     row["lowered_load_over_auto_compile"] = (
-        lowered["load_s"] / auto["compile_s"] if lowered["ok"] and auto["ok"] and lowered.get("load_s") else None
+        lowered["load_s"] / auto["compile_s"]
+        if lowered["ok"] and auto["ok"] and lowered.get("load_s")
+        else None
     )
     row["lowered_over_eager"] = (
         lowered["per_call_s"] / eager["per_call_s"] if lowered["ok"] and eager["per_call_s"] else None

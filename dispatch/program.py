@@ -11,7 +11,7 @@ inputs against the signature and runs the graph: no Dynamo, no guards.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from os import PathLike
 from typing import Any
 
@@ -33,10 +33,10 @@ class LoweredRegion:
     callable, and each op's place in the model's source (``lowering.node_source``)."""
 
     record: Region
-    gm: torch.fx.GraphModule
-    result: PreprocessResult
-    fn: CompiledFn
-    sources: list[dict[str, Any]]
+    gm: torch.fx.GraphModule = field(repr=False)
+    result: PreprocessResult = field(repr=False)
+    fn: CompiledFn = field(repr=False)
+    sources: list[dict[str, Any]] = field(repr=False)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,17 @@ _MATMULS = {
     aten.addmm.default: (1, 2),
     aten.bmm.default: (0, 1),
     aten.baddbmm.default: (1, 2),
+    # torch-level ops that ONNX-bound graphs keep (torch.export, onnx_friendly decompositions)
+    aten.linear.default: (0, 1),
+    aten.matmul.default: (0, 1),
 }
-_CONVOLUTIONS = {aten.convolution.default, aten._convolution.default}
+_CONVOLUTIONS = {
+    aten.convolution.default,
+    aten._convolution.default,
+    aten.conv1d.default,
+    aten.conv2d.default,
+    aten.conv3d.default,
+}
 
 
 def estimated_flops(gm: torch.fx.GraphModule) -> int | None:

@@ -1,13 +1,13 @@
 """A custom operator for the lowering tests: a library a user would import.
 
-Importing this module registers ``dispatch_tests::scaled_tanh``; a saved
+Importing this module registers ``dispatch_lowering::scaled_tanh``; a saved
 program that uses it loads only in a process that imported it first.
 """
 
 import torch
 
 
-@torch.library.custom_op("dispatch_tests::scaled_tanh", mutates_args=())
+@torch.library.custom_op("dispatch_lowering::scaled_tanh", mutates_args=())
 def scaled_tanh(x: torch.Tensor, scale: float) -> torch.Tensor:
     return torch.tanh(x) * scale
 

@@ -310,7 +310,7 @@ def test_custom_ops_load_where_their_library_is_imported(tmp_path):
     with torch.no_grad():
         program = dispatch.lower(model, (x,))
         expected = model(x)
-    assert "dispatch_tests.scaled_tanh.default" in {op for r in program.regions for op in r.ops}
+    assert "dispatch_lowering.scaled_tanh.default" in {op for r in program.regions for op in r.ops}
     program.save(path)
     torch.save({"x": x, "expected": expected}, tmp_path / "io.pt")
     load = f"""
@@ -323,7 +323,7 @@ def test_custom_ops_load_where_their_library_is_imported(tmp_path):
     without = _run_python(load)
     assert without.returncode != 0
     assert "ProgramFileError" in without.stderr
-    assert "dispatch_tests::scaled_tanh.default" in without.stderr
+    assert "dispatch_lowering::scaled_tanh.default" in without.stderr
     assert "import the library that defines it before loading" in without.stderr
     with_library = _run_python("import tests.lowering_ops\n" + textwrap.dedent(load))
     assert with_library.returncode == 0, with_library.stderr

@@ -27,3 +27,24 @@ def test_a_convolution_counts_its_kernel_per_output_element():
 def test_a_symbolic_size_is_not_read():
     gm = _aten(lambda x, w: x @ w, (32, 64), (64, 16), mode="symbolic")
     assert estimated_flops(gm) is None
+
+
+def test_torch_level_linear_and_conv_count_like_their_aten_forms():
+    """torch.export and the ONNX-friendly decompositions keep ``linear`` and
+    ``conv2d``: counted as one flop per element, a 1024-wide MLP looked too small
+    for ORT's thread pool and ran on one thread (1.8x slower, lowered bench)."""
+    from torch.export import export
+
+    class Both(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 16)
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x, img):
+            return self.lin(x), self.conv(img)
+
+    program = export(Both(), (torch.randn(32, 64), torch.randn(2, 3, 10, 10))).run_decompositions({})
+    targets = {n.target for n in program.graph.nodes if n.op == "call_function"}
+    assert {torch.ops.aten.linear.default, torch.ops.aten.conv2d.default} <= targets
+    assert estimated_flops(program.graph_module) == 2 * 32 * 16 * 64 + 2 * (2 * 8 * 10 * 10) * (3 * 3 * 3)

@@ -1,0 +1,231 @@
+"""Every zoo model through ``dispatch.lower``: saved in one process, loaded in a fresh one.
+
+    python -m benchmarks.zoo.lowered [--models a,b] [--seconds 3]
+
+For each model (CPU inference): process A builds it, runs eager and ``auto``,
+lowers it, saves the program and the outputs; process B (fresh) loads the
+program, makes the first call (timed: load plus first call), checks its
+outputs against auto's and eager's, and times calls against eager in turn.
+A model that ``torch.export`` cannot export is reported with the reason.
+Writes ``benchmarks/results/zoo-lowered-*.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+
+def _leaves(x):
+    import torch
+    from torch.utils import _pytree as pytree
+
+    return [t.float() for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _max_error(a, b) -> float:
+    la, lb = _leaves(a), _leaves(b)
+    if len(la) != len(lb):
+        return float("inf")
+    return max(((x - y).abs().max().item() for x, y in zip(la, lb)), default=0.0)
+
+
+def lower_and_save(name: str, folder: str) -> dict:
+    import torch
+
+    import dispatch
+
+    from .models import ZOO
+
+    model, inputs = ZOO[name].build()
+    model.eval()
+    with torch.no_grad():
+        eager = model(*inputs)
+        start = time.perf_counter()
+        auto = torch.compile(model, backend="auto")(*inputs)
+        auto_s = time.perf_counter() - start
+        start = time.perf_counter()
+        try:
+            program = dispatch.lower(model, inputs)
+            program.save(os.path.join(folder, "model.dispatch"))
+        except dispatch.DispatchError as error:
+            return {"ok": False, "stage": "lower", "error": f"{type(error).__name__}: {error}"[:300]}
+        lower_s = time.perf_counter() - start
+    torch.save({"inputs": inputs, "eager": eager, "auto": auto}, os.path.join(folder, "io.pt"))
+    return {
+        "ok": True,
+        "auto_compile_s": auto_s,
+        "lower_s": lower_s,
+        "routes": [r.route for r in program.regions],
+        "lowered_vs_auto_in_process": _max_error(program(*inputs), auto),
+    }
+
+
+def load_and_time(folder: str, seconds: float) -> dict:
+    start = time.perf_counter()
+    import torch
+
+    import dispatch
+
+    imported_s = time.perf_counter() - start
+    io = torch.load(os.path.join(folder, "io.pt"), weights_only=False)  # our own outputs, not the program
+    inputs = io["inputs"]
+    with torch.no_grad():
+        start = time.perf_counter()
+        program = dispatch.load(os.path.join(folder, "model.dispatch"))
+        out = program(*inputs)
+        load_s = time.perf_counter() - start
+        model_calls = {"lowered": lambda: program(*inputs)}
+        per_call = _time_against_eager(io, model_calls["lowered"], seconds)
+    return {
+        "load_s": load_s,
+        "import_s": imported_s,
+        "vs_auto": _max_error(out, io["auto"]),
+        "vs_eager": _max_error(out, io["eager"]),
+        **per_call,
+    }
+
+
+def _time_against_eager(io: dict, lowered, seconds: float) -> dict:
+    """Per-call medians of the loaded program; eager is timed in process A's model,
+    which this process does not have, so only the program's time is taken here."""
+    import statistics
+
+    for _ in range(3):
+        lowered()
+    samples = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(samples) < 5:
+        start = time.perf_counter()
+        lowered()
+        samples.append(time.perf_counter() - start)
+    return {"lowered_per_call_s": statistics.median(samples)}
+
+
+def eager_time(name: str, seconds: float) -> float:
+    import statistics
+
+    import torch
+
+    from .models import ZOO
+
+    model, inputs = ZOO[name].build()
+    model.eval()
+    with torch.no_grad():
+        for _ in range(3):
+            model(*inputs)
+        samples = []
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline or len(samples) < 5:
+            start = time.perf_counter()
+            model(*inputs)
+            samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _child(args: list[str]) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.zoo.lowered", *args], capture_output=True, text=True, timeout=1800
+    )
+    for line in result.stdout.splitlines():
+        if line.startswith("ZOO_LOWERED "):
+            return json.loads(line.removeprefix("ZOO_LOWERED "))
+    return {
+        "ok": False,
+        "stage": args[0],
+        "error": (result.stderr.strip().splitlines() or ["no output"])[-1][:300],
+    }
+
+
+def run(models: list[str], seconds: float) -> dict:
+    rows = []
+    for name in models:
+        print(f"[zoo-lowered] {name}", flush=True)
+        with tempfile.TemporaryDirectory(prefix=f"zoo-lowered-{name}-") as folder:
+            row = {"model": name, **_child(["--lower", name, folder])}
+            if row["ok"]:
+                loaded = _child(["--load", name, folder, str(seconds)])
+                row.update(loaded)
+                row["ok"] = "load_s" in loaded
+                if row["ok"]:
+                    row["eager_per_call_s"] = _child(["--eager", name, folder, str(seconds)])["eager_s"]
+        rows.append(row)
+    return {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "rows": rows,
+    }
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    lines = [
+        f"Run {result['time']} on {m['platform']}, {m['cpus']} CPUs (CPU inference, float32).",
+        "",
+        "Lowered and saved in one process, loaded in a fresh one. load: `dispatch.load` plus the "
+        "first call; vs auto / vs eager: largest absolute difference of the outputs.",
+        "",
+        "| model | routes | lower | load | load / auto compile | vs auto | vs eager | lowered / eager |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        if not r["ok"]:
+            lines.append(
+                f"| {r['model']} | not lowered ({r.get('stage')}): {r.get('error', '')[:120]} | | | | | | |"
+            )
+            continue
+        routes = "+".join(dict.fromkeys(r["routes"]))
+        lines.append(
+            f"| {r['model']} | {routes} | {r['lower_s']:.1f} s | {r['load_s'] * 1e3:.0f} ms "
+            f"| {r['load_s'] / r['auto_compile_s']:.3f} | {r['vs_auto']:.1e} | {r['vs_eager']:.1e} "
+            f"| {r['lowered_per_call_s'] / r['eager_per_call_s']:.2f}x |"
+        )
+    done = sum(r["ok"] for r in result["rows"])
+    lines += ["", f"{done} of {len(result['rows'])} models lowered, saved and loaded."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--lower"]:
+        print("ZOO_LOWERED " + json.dumps(lower_and_save(sys.argv[2], sys.argv[3])), flush=True)
+        return
+    if sys.argv[1:2] == ["--load"]:
+        print("ZOO_LOWERED " + json.dumps(load_and_time(sys.argv[3], float(sys.argv[4]))), flush=True)
+        return
+    if sys.argv[1:2] == ["--eager"]:
+        print(
+            "ZOO_LOWERED " + json.dumps({"eager_s": eager_time(sys.argv[2], float(sys.argv[4]))}), flush=True
+        )
+        return
+    from .models import ZOO
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(ZOO))
+    parser.add_argument("--seconds", type=float, default=3.0)
+    args = parser.parse_args()
+    result = run([m for m in args.models.split(",") if m], args.seconds)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = RESULTS / f"zoo-lowered-cpu-float32-{stamp}"
+    base.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    table = markdown(result)
+    base.with_suffix(".md").write_text(table)
+    print(table)
+    print(f"[zoo-lowered] wrote {base}.json/.md")
+
+
+if __name__ == "__main__":
+    main()
