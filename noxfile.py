@@ -98,16 +98,18 @@ ZOO_WITHOUT_DEPS = ("torchvision==0.28.0", "timm==1.0.31")
 @nox.session(python=PYTHON)
 def zoo(session: nox.Session) -> None:
     """Real models (transformers, timm) and real code patterns under every peer and
-    auto; results under benchmarks/results/zoo-*. Arguments go to benchmarks.zoo.run."""
+    auto, then every model through dispatch.lower (saved, loaded in a fresh process);
+    results under benchmarks/results/zoo-*. Arguments go to benchmarks.zoo.run."""
     install(session, "bench")
     session.install(*ZOO_WITH_DEPS)
     session.install("--no-deps", *ZOO_WITHOUT_DEPS)
     session.run("python", "-m", "benchmarks.zoo.run", *session.posargs)
+    session.run("python", "-m", "benchmarks.zoo.lowered")
 
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmark eager, inductor, direct ONNX Runtime and auto, then the host cost of
+    """Benchmark eager, inductor, direct ONNX Runtime, auto and lowered, then the host cost of
     a region boundary per route; results under benchmarks/results/."""
     install(session, "bench")
     session.run("python", "-m", "benchmarks.run", *session.posargs)

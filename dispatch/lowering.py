@@ -102,9 +102,12 @@ def _export(
             exported = exported.run_decompositions(table)
     except Exception as error:
         detail = f"{type(error).__name__}: {error}".splitlines()[0][:400]
+        hint = ""
+        if "cache_utils" in detail:  # a transformers decoder returning its KV cache object
+            hint = "pass use_cache=False (or set model.config.use_cache = False) so that no cache object is returned, or "
         raise LoweringError(
-            f"torch.export could not export {type(model).__name__}: {detail}. Instead: "
-            "torch.compile(model, backend='auto') runs models with graph breaks; lower needs one graph"
+            f"torch.export could not export {type(model).__name__}: {detail}. Instead: {hint}"
+            "use torch.compile(model, backend='auto'), which runs models with graph breaks; lower needs one graph"
         ) from error
     return exported
 
