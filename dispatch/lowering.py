@@ -132,9 +132,10 @@ def _weights_and_names(
     weights: dict[str, torch.Tensor] = {}
     names: dict[int, str] = {}
     for i, spec in enumerate(signature.input_specs):
-        names[i] = spec.target or spec.arg.name if spec.kind != InputKind.USER_INPUT else spec.arg.name
         if spec.kind == InputKind.USER_INPUT:
+            names[i] = spec.arg.name
             continue
+        names[i] = spec.target or spec.arg.name
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             table = exported.state_dict if spec.target in exported.state_dict else exported.constants
             value = table[spec.target]

@@ -84,36 +84,18 @@ def load_and_time(folder: str, seconds: float) -> dict:
         program = dispatch.load(os.path.join(folder, "model.dispatch"))
         out = program(*inputs)
         load_s = time.perf_counter() - start
-        model_calls = {"lowered": lambda: program(*inputs)}
-        per_call = _time_against_eager(io, model_calls["lowered"], seconds)
+        per_call_s = _median_call_s(lambda: program(*inputs), seconds)
     return {
         "load_s": load_s,
         "import_s": imported_s,
         "vs_auto": _max_error(out, io["auto"]),
         "vs_eager": _max_error(out, io["eager"]),
-        **per_call,
+        "lowered_per_call_s": per_call_s,
     }
 
 
-def _time_against_eager(io: dict, lowered, seconds: float) -> dict:
-    """Per-call medians of the loaded program; eager is timed in process A's model,
-    which this process does not have, so only the program's time is taken here."""
-    import statistics
-
-    for _ in range(3):
-        lowered()
-    samples = []
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(samples) < 5:
-        start = time.perf_counter()
-        lowered()
-        samples.append(time.perf_counter() - start)
-    return {"lowered_per_call_s": statistics.median(samples)}
-
-
 def eager_time(name: str, seconds: float) -> float:
-    import statistics
-
+    """Eager's median call, in a process of its own (the loading process has no model)."""
     import torch
 
     from .models import ZOO
@@ -121,14 +103,21 @@ def eager_time(name: str, seconds: float) -> float:
     model, inputs = ZOO[name].build()
     model.eval()
     with torch.no_grad():
-        for _ in range(3):
-            model(*inputs)
-        samples = []
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline or len(samples) < 5:
-            start = time.perf_counter()
-            model(*inputs)
-            samples.append(time.perf_counter() - start)
+        return _median_call_s(lambda: model(*inputs), seconds)
+
+
+def _median_call_s(fn, seconds: float) -> float:
+    """The median of ``fn``'s calls over ``seconds`` (at least five), after three warm-up calls."""
+    import statistics
+
+    for _ in range(3):
+        fn()
+    samples = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(samples) < 5:
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 
 
