@@ -15,6 +15,7 @@ as under ``auto``.
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from collections.abc import Mapping, Sequence
@@ -190,10 +191,15 @@ def _input_specs(exported: torch.export.ExportedProgram, user: list[torch.fx.Nod
             raise LoweringError(
                 f"input {node.name} is a {type(value).__name__}; lower takes tensors and constants"
             )
+    # Only the symbols of input dimensions: run_decompositions can leave others
+    # behind (two, unbounded, for a transposed input with static shapes).
+    named = {d for spec in specs for d in spec.shape or () if isinstance(d, str)}
     ranges = {}
     for symbol, bounds in exported.range_constraints.items():
-        upper = bounds.upper
-        ranges[str(symbol)] = (int(bounds.lower), int(upper) if upper.is_finite else None)
+        if str(symbol) in named:
+            # torch's int_oo says is_finite; float() tells it from a bound
+            upper = None if math.isinf(float(bounds.upper)) else int(bounds.upper)
+            ranges[str(symbol)] = (max(0, int(bounds.lower)), upper)
     return InputSpecs(specs, ranges)
 
 

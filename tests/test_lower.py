@@ -160,6 +160,21 @@ def test_dynamic_batch_runs_every_size_in_range_and_refuses_others(tmp_path):
 
 
 @torch.no_grad()
+def test_a_transposed_input_lowers_and_its_layout_does_not_matter(tmp_path):
+    # Decomposing the export of a non-contiguous input left unbounded size symbols
+    # in its range constraints, and lower() failed on their upper bound, int_oo.
+    model = MLP().eval()
+    x = torch.randn(8, 5).t()
+    program = dispatch.lower(model, (x,))
+    assert program.signature.inputs.ranges == {}  # every shape static
+    path = tmp_path / "transposed.dispatch"
+    program.save(path)
+    loaded = dispatch.load(path)
+    for given in (x, x.contiguous()):
+        torch.testing.assert_close(loaded(given), model(given))
+
+
+@torch.no_grad()
 def test_wrong_inputs_name_the_input_and_what_was_expected():
     program = dispatch.lower(MLP().eval(), (torch.randn(3, 8),))
     with pytest.raises(InputSpecError, match=r"takes 1 inputs \(x\), got 2"):
