@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import zipfile
 from os import PathLike
 from pathlib import Path
@@ -245,6 +246,14 @@ def _spec(text: Any, where: str) -> pytree.TreeSpec:
     try:
         return pytree.treespec_loads(text)
     except (KeyError, NotImplementedError) as error:
+        named = re.search(r"Deserializing (\S+) in pytree", str(error))
+        if named:  # pytree names a type by module and class: its library is the first part
+            kind, library = named.group(1), named.group(1).split(".")[0]
+            raise ProgramFileError(
+                f"{where}: the program's inputs or outputs use the type {kind}, which this process has "
+                f"not registered with pytree. Instead: import the library that defines it ({library}) "
+                "before loading"
+            ) from error
         raise ProgramFileError(
             f"{where}: the program's inputs or outputs use a type this process has not registered "
             f"with pytree ({error}). Instead: import the library that defines it before loading"

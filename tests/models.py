@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 
@@ -27,6 +29,28 @@ def _backward(ctx, grad):
 
 
 scaled_tanh.register_autograd(_backward, setup_context=_setup_context)
+
+
+@dataclasses.dataclass
+class Scores:
+    """A model output type of the user's (as transformers' ModelOutput is), which
+    pytree learns only when this module is imported."""
+
+    logits: torch.Tensor
+    probs: torch.Tensor
+
+
+torch.export.register_dataclass(Scores, serialized_type_name="tests.models.Scores")
+
+
+class ScoresHead(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> Scores:
+        logits = self.linear(x)
+        return Scores(logits, logits.softmax(-1))
 
 
 class MLP(torch.nn.Module):

@@ -26,7 +26,7 @@ from dispatch.errors import (
 )
 from dispatch.routes import registry
 from dispatch.stitch import FallbackWarning
-from tests.models import scaled_tanh
+from tests.models import ScoresHead, scaled_tanh
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -356,6 +356,33 @@ def test_custom_ops_load_where_their_library_is_imported(tmp_path):
     with_library = _run_python("import tests.models\n" + textwrap.dedent(load))
     assert with_library.returncode == 0, with_library.stderr
     assert with_library.stdout.strip() == "ok"
+
+
+def test_output_types_load_where_their_library_is_imported(tmp_path):
+    path = tmp_path / "scores.dispatch"
+    model = ScoresHead().eval()
+    x = torch.randn(2, 6)
+    with torch.no_grad():
+        dispatch.lower(model, (x,)).save(path)
+        expected = model(x)
+    torch.save({"x": x, "logits": expected.logits, "probs": expected.probs}, tmp_path / "io.pt")
+    load = f"""
+        import torch, dispatch
+        program = dispatch.load({str(path)!r})
+        io = torch.load({str(tmp_path / "io.pt")!r})
+        out = program(io["x"])
+        print(type(out).__name__)
+        torch.testing.assert_close(out.logits, io["logits"])
+        torch.testing.assert_close(out.probs, io["probs"])
+        """
+    without = _run_python(load)
+    assert without.returncode != 0
+    assert "ProgramFileError" in without.stderr
+    assert "the type tests.models.Scores" in without.stderr
+    assert "import the library that defines it (tests) before loading" in without.stderr
+    with_library = _run_python("import tests.models\n" + textwrap.dedent(load))
+    assert with_library.returncode == 0, with_library.stderr
+    assert with_library.stdout.strip() == "Scores"
 
 
 @torch.no_grad()
