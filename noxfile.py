@@ -19,6 +19,9 @@ nox.options.sessions = ["lint", "tests"]
 
 PYTHON = "3.11"
 TORCH = os.environ.get("DISPATCH_TORCH", "torch==2.13.0")
+# Pinned: an unpinned ruff came in newer, also formatted the Python blocks of
+# README.md, and failed the check on code that had passed it the day before.
+RUFF = "ruff==0.17.6"
 
 
 def install(session: nox.Session, *extras: str) -> None:
@@ -71,7 +74,7 @@ def gpu(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff (lint and format) and mypy (the package's types, configured in pyproject.toml)."""
-    session.install("ruff>=0.8")
+    session.install(RUFF)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     install(session)

@@ -192,7 +192,9 @@ def markdown(result: dict) -> str:
                 f"| {r['model']} | not lowered ({r.get('stage')}): {r.get('error', '')[:120]} | | | | | | |"
             )
             continue
-        routes = "+".join(dict.fromkeys(r["routes"])) + (" (use_cache=False)" if r.get("use_cache_false") else "")
+        routes = "+".join(dict.fromkeys(r["routes"])) + (
+            " (use_cache=False)" if r.get("use_cache_false") else ""
+        )
         lines.append(
             f"| {r['model']} | {routes} | {r['lower_s']:.1f} s | {r['load_s'] * 1e3:.0f} ms "
             f"| {r['load_s'] / r['auto_compile_s']:.3f} | {r['vs_auto']:.1e} | {r['vs_eager']:.1e} "
