@@ -260,6 +260,42 @@ def test_damaged_files_and_other_formats_raise_program_file_errors(tmp_path):
     with pytest.raises(ProgramFileError, match=r"has format 99 .*reads format 1"):
         dispatch.load(future)
 
+
+@torch.no_grad()
+def test_random_damage_raises_program_file_error_or_changes_nothing(tmp_path):
+    """Bit flips, truncations and zeroed runs anywhere in a file: each load either
+    raises ProgramFileError or gives the right answer, never another error."""
+    import random
+
+    model, x = TwoHeads().eval(), torch.randn(4, 6)
+    bias = torch.randn(6)
+    expected = model(x, bias=bias)
+    path = tmp_path / "heads.dispatch"
+    dispatch.lower(model, (x,), {"bias": bias}, routes=["eager"]).save(path)
+    data = path.read_bytes()
+    rng = random.Random(0)
+    damaged = tmp_path / "damaged.dispatch"
+    refused = 0
+    for _ in range(60):
+        copy = bytearray(data)
+        at = rng.randrange(len(copy))
+        kind = rng.choice(["flip", "truncate", "zero"])
+        if kind == "flip":
+            copy[at] ^= 1 << rng.randrange(8)
+        elif kind == "truncate":
+            del copy[at:]
+        else:
+            copy[at : at + 16] = bytes(len(copy[at : at + 16]))
+        damaged.write_bytes(copy)
+        try:
+            got = dispatch.load(damaged)(x, bias=bias)
+        except ProgramFileError:
+            refused += 1
+            continue
+        torch.testing.assert_close(got["h"], expected["h"])
+        torch.testing.assert_close(got["picked"], expected["picked"])
+    assert refused >= 50  # most damage is caught by the zip's CRCs and structure
+
     not_zip = tmp_path / "notes.txt"
     not_zip.write_text("hello")
     with pytest.raises(ProgramFileError):
