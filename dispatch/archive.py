@@ -136,6 +136,7 @@ def read_manifest(archive: zipfile.ZipFile, where: str) -> dict[str, Any]:
 
 def _assemble(archive: zipfile.ZipFile, manifest: dict[str, Any], where: str) -> LoweredProgram:
     try:
+        _check_devices(manifest, where)
         regions = {entry["name"]: _load_region(archive, entry, where) for entry in manifest["regions"]}
         weights = {w["name"]: _read_weight(archive, w) for w in manifest["weights"]}
         holders = {name: torch.nn.Module() for name in regions}
@@ -157,6 +158,42 @@ def _assemble(archive: zipfile.ZipFile, manifest: dict[str, Any], where: str) ->
         setattr(graph, name, region.fn)
     graph.recompile()
     return LoweredProgram(graph, regions, weights, signature)
+
+
+def _check_devices(manifest: dict[str, Any], where: str) -> None:
+    """A program lowered for a device this process cannot use (a CUDA program on a
+    machine without one) is refused before anything is read onto that device."""
+    needs: dict[str, list[str]] = {}
+    for entry in manifest["regions"]:
+        for device in entry["devices"]:
+            needs.setdefault(str(device), []).append(f"region {entry['name']}")
+    for weight in manifest["weights"]:
+        needs.setdefault(str(weight["device"]), []).append(f"weight {weight['name']}")
+    for leaf in manifest["inputs"]["leaves"]:
+        if leaf.get("device") is not None:
+            needs.setdefault(str(leaf["device"]), []).append(f"input {leaf['name']}")
+    for device, users in needs.items():
+        if not _usable(device):
+            shown = ", ".join(users[:3]) + (f" and {len(users) - 3} more" if len(users) > 3 else "")
+            raise RouteUnavailableError(
+                f"{where} was lowered for device {device} ({shown}), which this process cannot use. "
+                "Instead: load it on a machine with that device, or lower the model again here"
+            )
+
+
+def _usable(device: str) -> bool:
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"{device!r} is not a device") from error
+    if parsed.type in ("cpu", "meta"):
+        return True
+    if parsed.type == "cuda":
+        return torch.cuda.is_available() and (parsed.index or 0) < torch.cuda.device_count()
+    if parsed.type == "mps":
+        return torch.backends.mps.is_available()
+    backend = getattr(torch, parsed.type, None)
+    return bool(getattr(backend, "is_available", lambda: False)())
 
 
 def _load_region(archive: zipfile.ZipFile, entry: dict[str, Any], where: str) -> LoweredRegion:

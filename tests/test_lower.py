@@ -302,6 +302,29 @@ def test_random_damage_raises_program_file_error_or_changes_nothing(tmp_path):
         dispatch.load(not_zip)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@torch.no_grad()
+def test_a_program_for_a_device_this_machine_lacks_names_the_device(tmp_path):
+    # As a program lowered on a GPU machine reads on a CPU-only one: before, moving
+    # its weights raised torch's bare AssertionError "Torch not compiled with CUDA".
+    path = tmp_path / "eager.dispatch"
+    dispatch.lower(MLP().eval(), (torch.randn(2, 8),), routes=["eager"]).save(path)
+    on_cuda = tmp_path / "cuda.dispatch"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(on_cuda, "w") as target:
+        for info in source.infolist():
+            content = source.read(info)
+            if info.filename == "manifest.json":
+                manifest = json.loads(content)
+                for weight in manifest["weights"]:
+                    weight["device"] = "cuda:0"
+                for region in manifest["regions"]:
+                    region["devices"] = ["cuda"]
+                content = json.dumps(manifest).encode()
+            target.writestr(info, content)
+    with pytest.raises(RouteUnavailableError, match=r"lowered for device cuda \(region eager_cpu_0\)"):
+        dispatch.load(on_cuda)
+
+
 @torch.no_grad()
 def test_a_stored_graph_cannot_name_python_code(tmp_path):
     path = tmp_path / "eager.dispatch"
