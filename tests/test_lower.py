@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -461,7 +462,7 @@ def test_inspect_prints_regions_routes_sizes_versions_and_sources(tmp_path):
 
 @pytest.mark.slow
 @torch.no_grad()
-def test_inductor_regions_round_trip_as_aot_inductor_packages(tmp_path):
+def test_inductor_regions_round_trip_as_aot_inductor_packages(tmp_path, monkeypatch):
     """AOTInductor compiles C++ for about a minute cold on CPU: ``nox -s slow``."""
     model = MLP().eval()
     program = dispatch.lower(
@@ -474,6 +475,13 @@ def test_inductor_regions_round_trip_as_aot_inductor_packages(tmp_path):
     for n in (2, 9):
         x = torch.randn(n, 8)
         torch.testing.assert_close(loaded(x), model(x))
+    # A package is C++ built against one torch: another torch refuses it by name.
+    built_by = torch.__version__
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    with pytest.raises(
+        ProgramFileError, match=rf"built by torch {re.escape(str(built_by))}.*has torch 2\.99\.0"
+    ):
+        dispatch.load(path)
 
 
 @torch.no_grad()

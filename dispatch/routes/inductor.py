@@ -70,10 +70,19 @@ class InductorRoute(Route):
             path = aoti_compile_and_package(program, package_path=os.path.join(folder, "region.pt2"))
             with open(path, "rb") as file:
                 payload = file.read()
-        return PreprocessResult(payload, op_handles(gm), dict(compile_specs))
+        return PreprocessResult(payload, op_handles(gm), {**compile_specs, "torch": torch.__version__})
 
     def load(self, processed_bytes: bytes, region: RegionProgram, specs: Mapping[str, Any]) -> CompiledFn:
         from torch._inductor import aoti_load_package
+
+        built_by = specs.get("torch")
+        if built_by is not None and built_by != torch.__version__:
+            # A package's shared library is built against one torch's C++ ABI;
+            # loading it into another can crash the process instead of raising.
+            raise RuntimeError(
+                f"the region is an AOTInductor package built by torch {built_by}, and this process "
+                f"has torch {torch.__version__}: a package loads only in the torch that built it"
+            )
 
         # The package must be a file; the runner extracts what it needs while loading.
         with tempfile.TemporaryDirectory(prefix="dispatch-aoti-") as folder:
