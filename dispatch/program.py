@@ -128,7 +128,12 @@ class LoweredProgram(torch.nn.Module):
                     f"the inputs are structured as {spec}, the program was lowered for {signature.in_spec}"
                 )
         signature.inputs.check(flat)
-        return pytree.tree_unflatten(list(self._run(*self._weights, *flat)), signature.out_spec)
+        # Inference only: an ONNX Runtime or AOTInductor region passes no gradient,
+        # so a mixed program under autograd would give gradients through its eager
+        # regions alone. No output requires grad; backward raises torch's own error.
+        with torch.no_grad():
+            out = self._run(*self._weights, *flat)
+        return pytree.tree_unflatten(list(out), signature.out_spec)
 
     @property
     def regions(self) -> list[Region]:

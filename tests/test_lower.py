@@ -175,6 +175,21 @@ def test_a_transposed_input_lowers_and_its_layout_does_not_matter(tmp_path):
         torch.testing.assert_close(loaded(given), model(given))
 
 
+def test_outputs_carry_no_gradient_even_from_eager_regions():
+    # Before, an eager region passed gradients on while an ORT region did not:
+    # backward through a mixed program silently dropped the ORT part's share.
+    class Mixed(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nonzero(x > 0).sum() + torch.tanh(x) * 2
+
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        program = dispatch.lower(Mixed(), (x,), routes=["eager"])
+    out = program(x.clone().requires_grad_())
+    assert torch.is_grad_enabled() and not out.requires_grad
+    torch.testing.assert_close(out, Mixed()(x))
+
+
 @torch.no_grad()
 def test_wrong_inputs_name_the_input_and_what_was_expected():
     program = dispatch.lower(MLP().eval(), (torch.randn(3, 8),))
