@@ -11,7 +11,9 @@ import sys
 import textwrap
 import warnings
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -84,6 +86,22 @@ def _run_python(code: str, *, env: dict[str, str] | None = None) -> subprocess.C
 def _manifest(path: Path) -> dict:
     with zipfile.ZipFile(path) as archive:
         return json.loads(archive.read("manifest.json"))
+
+
+def _edited_copy(
+    path: Path, target: Path, wanted: Callable[[str], bool], edit: Callable[[Any], None]
+) -> Path:
+    """A copy of the program file at ``path`` in which ``edit`` changed each JSON
+    member whose name ``wanted`` accepts (the zip's checksums made anew)."""
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(target, "w") as out:
+        for info in source.infolist():
+            content = source.read(info)
+            if wanted(info.filename):
+                data = json.loads(content)
+                edit(data)
+                content = json.dumps(data).encode()
+            out.writestr(info, content)
+    return target
 
 
 @torch.no_grad()
@@ -264,15 +282,12 @@ def test_damaged_files_and_other_formats_raise_program_file_errors(tmp_path):
     with pytest.raises(ProgramFileError, match="truncated or altered"):
         dispatch.load(altered)
 
-    future = tmp_path / "future.dispatch"
-    with zipfile.ZipFile(path) as source, zipfile.ZipFile(future, "w") as target:
-        for info in source.infolist():
-            content = source.read(info)
-            if info.filename == "manifest.json":
-                manifest = json.loads(content)
-                manifest["format"] = 99
-                content = json.dumps(manifest).encode()
-            target.writestr(info, content)
+    future = _edited_copy(
+        path,
+        tmp_path / "future.dispatch",
+        lambda name: name == "manifest.json",
+        lambda m: m.update(format=99),
+    )
     with pytest.raises(ProgramFileError, match=r"has format 99 .*reads format 1"):
         dispatch.load(future)
 
@@ -325,18 +340,14 @@ def test_a_program_for_a_device_this_machine_lacks_names_the_device(tmp_path):
     # its weights raised torch's bare AssertionError "Torch not compiled with CUDA".
     path = tmp_path / "eager.dispatch"
     dispatch.lower(MLP().eval(), (torch.randn(2, 8),), routes=["eager"]).save(path)
-    on_cuda = tmp_path / "cuda.dispatch"
-    with zipfile.ZipFile(path) as source, zipfile.ZipFile(on_cuda, "w") as target:
-        for info in source.infolist():
-            content = source.read(info)
-            if info.filename == "manifest.json":
-                manifest = json.loads(content)
-                for weight in manifest["weights"]:
-                    weight["device"] = "cuda:0"
-                for region in manifest["regions"]:
-                    region["devices"] = ["cuda"]
-                content = json.dumps(manifest).encode()
-            target.writestr(info, content)
+
+    def to_cuda(manifest: dict) -> None:
+        for weight in manifest["weights"]:
+            weight["device"] = "cuda:0"
+        for region in manifest["regions"]:
+            region["devices"] = ["cuda"]
+
+    on_cuda = _edited_copy(path, tmp_path / "cuda.dispatch", lambda name: name == "manifest.json", to_cuda)
     with pytest.raises(RouteUnavailableError, match=r"lowered for device cuda \(region eager_cpu_0\)"):
         dispatch.load(on_cuda)
 
@@ -345,17 +356,16 @@ def test_a_program_for_a_device_this_machine_lacks_names_the_device(tmp_path):
 def test_a_stored_graph_cannot_name_python_code(tmp_path):
     path = tmp_path / "eager.dispatch"
     dispatch.lower(MLP().eval(), (torch.randn(2, 8),), routes=["eager"]).save(path)
-    evil = tmp_path / "evil.dispatch"
-    with zipfile.ZipFile(path) as source, zipfile.ZipFile(evil, "w") as target:
-        for info in source.infolist():
-            content = source.read(info)
-            if info.filename.endswith(".graph.json") and info.filename.startswith("regions/"):
-                graph = json.loads(content)
-                for node in graph["nodes"]:
-                    if node["op"] == "call_function":
-                        node["target"] = "builtins.eval"
-                content = json.dumps(graph).encode()
-            target.writestr(info, content)
+
+    def to_eval(graph: dict) -> None:
+        for node in graph["nodes"]:
+            if node["op"] == "call_function":
+                node["target"] = "builtins.eval"
+
+    def region_graph(name: str) -> bool:
+        return name.startswith("regions/") and name.endswith(".graph.json")
+
+    evil = _edited_copy(path, tmp_path / "evil.dispatch", region_graph, to_eval)
     with pytest.raises(ProgramFileError, match=r"builtins\.eval"):
         dispatch.load(evil)
 
