@@ -17,6 +17,7 @@ import torch
 from . import available_routes
 from .config import Config
 from .errors import ConfigError
+from .inspect import device_usable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     machine = {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "cuda": torch.cuda.is_available(),
-        "mps": bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()),
+        "cuda": device_usable(torch.device("cuda")),
+        "mps": device_usable(torch.device("mps")),
         "forced_route": config.forced,
         "disabled": sorted(config.disabled),
         "strict": config.strict,

@@ -33,7 +33,7 @@ from torch.utils import _pytree as pytree
 
 from .errors import ProgramFileError, RouteUnavailableError
 from .graph_data import GraphSource, UnknownOperatorError, graph_source, read_graph
-from .inspect import META_STATIC
+from .inspect import META_STATIC, device_usable
 from .program import LoweredProgram, LoweredRegion, ProgramSignature
 from .program_inputs import InputSpecs
 from .region import Region
@@ -186,14 +186,7 @@ def _usable(device: str) -> bool:
         parsed = torch.device(device)
     except RuntimeError as error:
         raise ValueError(f"{device!r} is not a device") from error
-    if parsed.type in ("cpu", "meta"):
-        return True
-    if parsed.type == "cuda":
-        return torch.cuda.is_available() and (parsed.index or 0) < torch.cuda.device_count()
-    if parsed.type == "mps":
-        return torch.backends.mps.is_available()
-    backend = getattr(torch, parsed.type, None)
-    return bool(getattr(backend, "is_available", lambda: False)())
+    return device_usable(parsed)
 
 
 def _load_region(archive: zipfile.ZipFile, entry: dict[str, Any], where: str) -> LoweredRegion:

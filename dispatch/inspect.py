@@ -93,6 +93,23 @@ def node_device_indices(node: torch.fx.Node) -> frozenset[torch.device]:
     return frozenset(devices)
 
 
+def marked_static_positions(gm: torch.fx.GraphModule) -> list[int]:
+    """Positions of ``gm``'s inputs marked ``META_STATIC`` (fed by a parameter or buffer)."""
+    return [i for i, p in enumerate(gm.graph.find_nodes(op="placeholder")) if p.meta.get(META_STATIC)]
+
+
+def device_usable(device: torch.device) -> bool:
+    """Whether this process can put tensors on ``device`` (its index included)."""
+    if device.type in ("cpu", "meta"):
+        return True
+    if device.type == "cuda":
+        return torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()
+    if device.type == "mps":
+        return torch.backends.mps.is_available()
+    backend = getattr(torch, device.type, None)
+    return bool(getattr(backend, "is_available", lambda: False)())
+
+
 def first_device(values: Iterable[object]) -> torch.device:
     """The device of the first tensor among ``values`` (cpu if there is none)."""
     return next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))

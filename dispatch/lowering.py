@@ -29,7 +29,7 @@ from .autotune import check_close
 from .cache import ArtifactCache, inductor_cache, using
 from .config import Config
 from .errors import LoweringError
-from .inspect import GRAPH_INFERENCE, META_STATIC, META_VAL, first_device, op_name
+from .inspect import GRAPH_INFERENCE, META_STATIC, META_VAL, first_device, marked_static_positions, op_name
 from .planner import plan_graph
 from .program import LoweredProgram, LoweredRegion, ProgramSignature
 from .program_inputs import InputSpec, InputSpecs
@@ -236,9 +236,7 @@ def _lower_region(
         route = registry.get(run.route)
         specs: dict[str, Any] = {
             "device": str(first_device(args)),
-            "static": [
-                i for i, p in enumerate(gm.graph.find_nodes(op="placeholder")) if p.meta.get(META_STATIC)
-            ],
+            "static": marked_static_positions(gm),
             "outputs_survive": not config.reduce_overhead,
         }
         if route.wraps:

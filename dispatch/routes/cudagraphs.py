@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..inspect import META_STATIC, first_device, is_symbolic, tensor_values
+from ..inspect import first_device, is_symbolic, marked_static_positions, tensor_values
 from .base import Availability, CompiledFn, PreprocessResult, RegionProgram, Route, WrappingRoute
 from .registry import registry
 
@@ -87,8 +87,7 @@ class CudaGraphsRoute(WrappingRoute):
         """``inner`` (the region compiled by its route) captured with CUDA graph trees."""
         from torch._inductor.cudagraph_utils import get_placeholder_info
 
-        placeholders = gm.graph.find_nodes(op="placeholder")
-        static = [i for i, p in enumerate(placeholders) if p.meta.get(META_STATIC)]
+        static = marked_static_positions(gm)
         device = first_device(example_inputs)
         options = {
             "static_input_idxs": static,

@@ -25,11 +25,11 @@ import torch.fx
 
 from ..cache import current_cache, region_key, tensors_digest
 from ..inspect import (
-    META_STATIC,
     GraphFacts,
     first_device,
     has_unbacked_size,
     is_size_arithmetic,
+    marked_static_positions,
     tensor_values,
 )
 from ..work import estimated_flops
@@ -121,7 +121,7 @@ class OnnxRoute(Route):
         initializers (the payload of ``OnnxModel.parts``: graph, then raw arrays)."""
         gm, args = region.gm, region.example_inputs
         assert args is not None, "preprocess needs the region's real inputs"
-        frozen = frozenset(_static_positions(gm))
+        frozen = frozenset(marked_static_positions(gm))
         model = _cached_export(gm, args, frozen)
         specs = {
             **compile_specs,
@@ -130,7 +130,7 @@ class OnnxRoute(Route):
             "fed": fed_positions(args, frozen),
             "bools": _bool_outputs(gm),
         }
-        return PreprocessResult(b"".join(bytes(p) for p in model.parts()), op_handles(gm), specs, frozen)
+        return PreprocessResult(b"".join(model.parts()), op_handles(gm), specs, frozen)
 
     def load(self, processed_bytes: bytes, region: RegionProgram, specs: Mapping[str, Any]) -> CompiledFn:
         model = OnnxModel.from_payload(processed_bytes)
@@ -154,7 +154,7 @@ class _FrozenWeightsRunner:
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
         self.gm = gm
-        self.frozen = _static_positions(gm)
+        self.frozen = marked_static_positions(gm)
         self._build(example_inputs)
 
     def _build(self, args: Sequence[Any]) -> None:
@@ -343,11 +343,6 @@ def _largest_numel(args: Sequence[Any]) -> int:
     # Real inputs, never the graph's fake values: comparing a symbolic size would
     # add a guard to Dynamo's shape environment and specialise the graph.
     return max((t.numel() for t in args if isinstance(t, torch.Tensor)), default=0)
-
-
-def _static_positions(gm: torch.fx.GraphModule) -> list[int]:
-    """The region's inputs fed by parameters and buffers: baked in as initializers."""
-    return [i for i, p in enumerate(gm.graph.find_nodes(op="placeholder")) if p.meta.get(META_STATIC)]
 
 
 def _output_values(gm: torch.fx.GraphModule) -> list[Any]:
