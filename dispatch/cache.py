@@ -4,8 +4,9 @@
     model = cache.get("onnx", key) or cache.put("onnx", key, export())  # bytes-like either way
 
 Entries are keyed by ``region_key``: the region's code, its inputs' shapes,
-dtypes and devices, and the versions of torch, onnxruntime, onnx, onnxscript,
-triton and dispatch, so an upgrade never reads an old entry. Each file is
+dtypes and devices, the versions of torch, onnxruntime, onnx, onnxscript,
+triton and dispatch, and a digest of dispatch's own code, so neither an upgrade
+nor a fix between releases reads an old entry. Each file is
 written to a temporary name and renamed into place (atomic: two processes
 compiling the same model at once both write whole files, and the last one
 wins). A file carries a digest of its payload; a truncated or corrupted entry
@@ -125,6 +126,22 @@ def versions() -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
+@functools.cache
+def code_digest() -> str:
+    """A digest of dispatch's source files: an export or compile made by other
+    code (a fixed translation, a changed route) is a miss, whatever the version says."""
+    return source_digest(Path(__file__).parent)
+
+
+def source_digest(package: Path) -> str:
+    """A digest of the Python files under ``package``, their paths included."""
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        h.update(str(path.relative_to(package).as_posix()).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def region_key(gm: torch.fx.GraphModule, *parts: object) -> str:
     """A key for a region: its code, its inputs' metadata, the versions, and ``parts``."""
     h = hashlib.sha256()
@@ -137,6 +154,7 @@ def region_key(gm: torch.fx.GraphModule, *parts: object) -> str:
             h.update(repr(value).encode())
         h.update(b"static" if node.meta.get(META_STATIC) else b"input")
     h.update(repr(versions()).encode())
+    h.update(code_digest().encode())
     for part in parts:
         h.update(repr(part).encode())
     return h.hexdigest()

@@ -80,3 +80,24 @@ class CustomOpMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(scaled_tanh(self.a(x), 0.5))
+
+
+class GroupedQueryAttention(torch.nn.Module):
+    """Attention whose key and value have fewer heads than its query (LLaMA's
+    ``num_key_value_heads``), through ``scaled_dot_product_attention(enable_gqa=True)``."""
+
+    def __init__(self, width: int = 32, heads: int = 4, kv_heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, width // heads
+        self.q = torch.nn.Linear(width, width)
+        self.kv = torch.nn.Linear(width, 2 * kv_heads * self.head_dim)
+        self.out = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2 * self.kv_heads, self.head_dim).transpose(1, 2).chunk(2, dim=1)
+        y = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True
+        )
+        return self.out(y.transpose(1, 2).reshape(b, s, -1))

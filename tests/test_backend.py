@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dispatch
-from tests.models import MLP, CustomOpMLP
+from tests.models import MLP, CustomOpMLP, GroupedQueryAttention
 
 
 def test_backend_is_registered_and_listed():
@@ -400,3 +400,19 @@ def test_an_all_eager_inference_graph_runs_as_dynamo_traced_it():
     pytest.importorskip("onnxruntime")
     with_onnx = auto(gm, inputs, options={"routes": ["onnxrt", "eager"]})
     assert getattr(with_onnx, "__self__", None) is not gm
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "float_mask"])
+@torch.no_grad()
+def test_grouped_query_attention_runs_on_onnxrt(masked):
+    # torchlib translated the CPU attention kernel without repeating the key and
+    # value heads: ORT refused the model and LLaMA ran on eager, 2x inductor's time.
+    model = GroupedQueryAttention().eval()
+    x = torch.randn(2, 8, 32)
+    args = (x, torch.randn(1, 1, 8, 8)) if masked else (x,)
+    explanation = dispatch.explain(model, *args)
+    (region,) = [r for r in explanation.regions if r.node_count]  # the output view stays eager
+    assert region.route == "onnxrt"
+    assert any("scaled_dot_product" in op for op in region.ops)
+    compiled = torch.compile(model, backend="auto", options={"strict": True})
+    torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-5, atol=1e-5)

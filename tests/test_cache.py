@@ -125,7 +125,24 @@ def test_key_changes_with_versions_and_shapes(monkeypatch):
     other_shape = region_key(gm)
     assert other_shape != key
     monkeypatch.setattr(cache_module, "versions", lambda: (("torch", "0.0"),))
-    assert region_key(gm) not in (key, other_shape)
+    other_versions = region_key(gm)
+    assert other_versions not in (key, other_shape)
+    # A fix to dispatch between releases (the GQA export) must not read entries the old code wrote.
+    monkeypatch.setattr(cache_module, "code_digest", lambda: "other code")
+    assert region_key(gm) not in (key, other_shape, other_versions)
+
+
+def test_the_code_digest_covers_every_module_of_the_package(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    package = tmp_path / "dispatch"
+    shutil.copytree(Path(cache_module.__file__).parent, package)
+    digest = cache_module.source_digest(package)
+    assert digest == cache_module.code_digest()
+    export = package / "routes" / "onnx_export.py"
+    export.write_bytes(export.read_bytes() + b"\n# a fix\n")
+    assert cache_module.source_digest(package) != digest
 
 
 def test_an_unwritable_cache_costs_speed_not_results(tmp_path, monkeypatch):

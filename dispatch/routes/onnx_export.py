@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import operator
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -51,6 +52,7 @@ def export_region(
             dynamic.append(_dynamic_axes(node))
     _sizes_from_tensors(graph)
     _linear_from_transposed_constants(graph)
+    _attention_with_grouped_heads(graph)
     module = torch.fx.GraphModule(root, graph)
     dynamic_shapes = tuple(dynamic) if any(dynamic) else None
     quiet = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript")]
@@ -153,6 +155,64 @@ def _linear_from_transposed_constants(graph: torch.fx.Graph) -> None:
         graph.erase_node(node)
         if not weight_t.users:
             graph.erase_node(weight_t)
+
+
+# The fused attention ops that AOTAutograd leaves in an aten graph, and the name
+# each gives its mask argument.
+_FUSED_ATTENTION = {
+    "_scaled_dot_product_flash_attention_for_cpu": "attn_mask",
+    "_scaled_dot_product_flash_attention": None,
+    "_scaled_dot_product_efficient_attention": "attn_bias",
+    "_scaled_dot_product_cudnn_attention": "attn_bias",
+}
+
+
+def _attention_with_grouped_heads(graph: torch.fx.Graph) -> None:
+    """A fused attention op whose key has fewer heads than its query becomes
+    ``scaled_dot_product_attention(..., enable_gqa=True)``.
+
+    The CPU and CUDA attention kernels take grouped-query attention (LLaMA's
+    ``num_key_value_heads``) as it comes, but torchlib translates these ops
+    without repeating the key and value heads: ORT then refuses the model
+    ("MatMul: Incompatible dimensions"), and the region fell back to eager.
+    torchlib's translation of ``scaled_dot_product_attention`` repeats them
+    where ``enable_gqa`` asks. Only the attention output may be used: the
+    rewritten op has no log-sum-exp."""
+    aten = torch.ops.aten
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        name = node.target._opname
+        if name not in _FUSED_ATTENTION:
+            continue
+        arguments = dict(zip((a.name for a in node.target._schema.arguments), node.args))
+        arguments.update(node.kwargs)
+        query, key, value = (arguments[n] for n in ("query", "key", "value"))
+        q, k = (getattr(a, "meta", {}).get(META_VAL) for a in (query, key))
+        if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or q.dim() != 4 or k.dim() != 4:
+            continue
+        if q.shape[1] == k.shape[1]:
+            continue
+        users = list(node.users)
+        if not all(u.target is operator.getitem and u.args[1] == 0 for u in users):
+            continue
+        mask_name = _FUSED_ATTENTION[name]
+        with graph.inserting_before(node):
+            attention = graph.call_function(
+                aten.scaled_dot_product_attention.default,
+                (query, key, value, arguments.get(mask_name) if mask_name else None),
+                {
+                    "dropout_p": arguments.get("dropout_p", 0.0),
+                    "is_causal": arguments.get("is_causal", False),
+                    "scale": arguments.get("scale"),
+                    "enable_gqa": True,
+                },
+            )
+        attention.meta[META_VAL] = node.meta[META_VAL][0]
+        for user in users:
+            user.replace_all_uses_with(attention)
+            graph.erase_node(user)
+        graph.erase_node(node)
 
 
 def _transposed_constant(node: Any) -> torch.fx.Node | None:
