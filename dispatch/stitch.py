@@ -33,10 +33,42 @@ from .routes import CompiledFn, WrappingRoute, registry
 log = logging.getLogger("dispatch")
 
 
-# One compile at a time in the process, planning and region compiles alike: FX
-# tracing keeps module-global state (torch.fx._symbolic_trace.CURRENT_PATCHER),
-# and threads making their first calls together broke each other's traces.
-COMPILE_LOCK = threading.RLock()
+class CompileLock:
+    """One compile at a time in the process, planning and region compiles alike.
+
+    FX tracing keeps module-global state (``torch.fx._symbolic_trace``'s
+    ``CURRENT_PATCHER`` and ``_is_fx_tracing_flag``), and threads making their
+    first calls together broke each other's traces. The tracing flag is seen by
+    every thread: Dynamo takes a call to a compiled function made while it is
+    set for a nested FX trace and raises ("Detected that you are using FX to
+    symbolically trace a dynamo-optimized function"), unless the process is
+    marked as compiling. torch 2.13 marks it for its own compiles only; with a
+    region compiled lazily on its first call, outside Dynamo, 3 of 4 threads
+    raised on the H100 (torch 2.11). So, while the lock is held, the process is
+    marked as compiling, as torch marks it while Dynamo or ``torch.export`` runs.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._was_compiling = False
+
+    def __enter__(self) -> CompileLock:
+        self._lock.acquire()
+        self._depth += 1
+        if self._depth == 1:
+            self._was_compiling = getattr(torch.compiler, "_is_compiling_flag", False)
+            torch.compiler._is_compiling_flag = True
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            torch.compiler._is_compiling_flag = self._was_compiling
+        self._lock.release()
+
+
+COMPILE_LOCK = CompileLock()
 
 
 class FallbackWarning(UserWarning):
