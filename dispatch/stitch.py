@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -39,33 +39,53 @@ class CompileLock:
     FX tracing keeps module-global state (``torch.fx._symbolic_trace``'s
     ``CURRENT_PATCHER`` and ``_is_fx_tracing_flag``), and threads making their
     first calls together broke each other's traces. The tracing flag is seen by
-    every thread: Dynamo takes a call to a compiled function made while it is
-    set for a nested FX trace and raises ("Detected that you are using FX to
-    symbolically trace a dynamo-optimized function"), unless the process is
-    marked as compiling. torch 2.13 marks it for its own compiles only; with a
-    region compiled lazily on its first call, outside Dynamo, 3 of 4 threads
-    raised on the H100 (torch 2.11). So, while the lock is held, the process is
-    marked as compiling, as torch marks it while Dynamo or ``torch.export`` runs.
-    """
+    every thread: a call to a compiled function, made by another thread while
+    the flag is set, is taken by Dynamo for a nested FX trace and raises
+    ("Detected that you are using FX to symbolically trace a dynamo-optimized
+    function") unless torch has marked the process as compiling. It marks it
+    for Dynamo and ``torch.export``, not for ``torch._inductor.compile``, which
+    the inductor route runs when a region makes its first call: on the H100 3
+    of 4 threads raised. While the lock is held, Dynamo runs such a call as the
+    function is written (its option ``error_on_nested_fx_trace=False``), for
+    every thread; the thread's next call runs compiled."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._depth = 0
-        self._was_compiling = False
+        self._restore: Callable[[], None] | None = None
 
     def __enter__(self) -> CompileLock:
         self._lock.acquire()
         self._depth += 1
         if self._depth == 1:
-            self._was_compiling = getattr(torch.compiler, "_is_compiling_flag", False)
-            torch.compiler._is_compiling_flag = True
+            self._restore = _process_wide_default("error_on_nested_fx_trace", False)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self._depth -= 1
-        if self._depth == 0:
-            torch.compiler._is_compiling_flag = self._was_compiling
+        if self._depth == 0 and self._restore is not None:
+            self._restore()
+            self._restore = None
         self._lock.release()
+
+
+def _process_wide_default(name: str, value: object) -> Callable[[], None] | None:
+    """Set the default of a ``torch._dynamo.config`` entry; what undoes it, or
+    None where this torch keeps its config otherwise.
+
+    A plain assignment to the config is a per-thread override in torch 2.12 and
+    later; the entry's default is read by every thread that has not overridden
+    it. Only this lock writes that default, so restoring it races with nobody."""
+    entry = getattr(torch._dynamo.config, "_config", {}).get(name)
+    if entry is None or not hasattr(entry, "default"):
+        return None
+    previous = entry.default
+    entry.default = value
+
+    def restore() -> None:
+        entry.default = previous
+
+    return restore
 
 
 COMPILE_LOCK = CompileLock()
