@@ -48,6 +48,12 @@ def tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:
     return [v for v in flat_values(node) if isinstance(v, torch.Tensor)]
 
 
+def tensor_value(arg: object) -> torch.Tensor | None:
+    """The (fake) tensor an op argument holds; None for a constant or a non-tensor node."""
+    value = arg.meta.get(META_VAL) if isinstance(arg, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
 def is_symbolic(node: torch.fx.Node) -> bool:
     """True where a node's value (or its shape) involves a symbolic size."""
     for v in flat_values(node):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 import torch.fx
 
-from .inspect import META_VAL, compute_nodes
+from .inspect import META_VAL, compute_nodes, tensor_value
 
 aten = torch.ops.aten
 
@@ -54,21 +54,16 @@ def _node_flops(node: torch.fx.Node) -> int | None:
     if not isinstance(out, torch.Tensor):
         return 0  # getitem of a tuple, a size, a scalar: its producer counts
     if node.target in _MATMULS:
-        a, b = (_val(node.args[i]) for i in _MATMULS[node.target])
+        a, b = (tensor_value(node.args[i]) for i in _MATMULS[node.target])
         if a is None or b is None:
             return None
         return _product(2, out.shape, a.shape[-1:])
     if node.target in _CONVOLUTIONS:
-        weight = _val(node.args[1])
+        weight = tensor_value(node.args[1])
         if weight is None:
             return None
         return _product(2, out.shape, weight.shape[1:])  # in_channels / groups x kernel
     return _product(1, out.shape)
-
-
-def _val(arg: object) -> torch.Tensor | None:
-    value = arg.meta.get(META_VAL) if isinstance(arg, torch.fx.Node) else None
-    return value if isinstance(value, torch.Tensor) else None
 
 
 def _product(factor: int, *shapes: Sequence[object]) -> int | None:

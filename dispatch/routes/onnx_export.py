@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..inspect import META_VAL
+from ..inspect import META_VAL, tensor_value
 from .onnx_model import OnnxModel
 from .onnx_ops import onnx_registry
 
@@ -136,8 +136,8 @@ def _linear_from_transposed_constants(graph: torch.fx.Graph) -> None:
             continue
         if node.target is aten.addmm.default and len(node.args) == 3:
             bias, x, weight_t = node.args
-            bias_value = bias.meta.get(META_VAL) if isinstance(bias, torch.fx.Node) else None
-            if not isinstance(bias_value, torch.Tensor) or bias_value.dim() != 1:
+            bias_value = tensor_value(bias)
+            if bias_value is None or bias_value.dim() != 1:
                 continue
         elif node.target is aten.mm.default:
             (x, weight_t), bias = node.args, None
@@ -188,8 +188,8 @@ def _attention_with_grouped_heads(graph: torch.fx.Graph) -> None:
         arguments = dict(zip((a.name for a in node.target._schema.arguments), node.args))
         arguments.update(node.kwargs)
         query, key, value = (arguments[n] for n in ("query", "key", "value"))
-        q, k = (getattr(a, "meta", {}).get(META_VAL) for a in (query, key))
-        if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or q.dim() != 4 or k.dim() != 4:
+        q, k = tensor_value(query), tensor_value(key)
+        if q is None or k is None or q.dim() != 4 or k.dim() != 4:
             continue
         if q.shape[1] == k.shape[1]:
             continue
