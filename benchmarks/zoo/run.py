@@ -3,9 +3,9 @@
     python -m benchmarks.zoo.run [--models a,b] [--device cpu|cuda] [--dtype float32|bfloat16]
                                  [--seconds 10] [--no-train] [--no-warm]
 
-Per cell: pass or fail with the reason, accuracy against fp32 eager (as
-PyTorch's benchmark dashboard judges it), per-call median (batches taken in
-turn across the columns' processes), cold compile (first call, fresh caches),
+Per cell: pass or fail with the reason, accuracy against eager in the cell's
+dtype with an fp64 truth (as PyTorch's benchmark dashboard judges it),
+per-call median (batches taken in turn across the columns' processes), cold compile (first call, fresh caches),
 warm compile (a second process on the same caches, inductor and auto), peak
 memory (RSS on CPU, allocated GPU memory on CUDA). Per column: pass rate and
 geomean speedup over eager. Writes benchmarks/results/zoo-<device>-<stamp>

@@ -4,9 +4,10 @@
 
 MODE is ``infer`` or ``train``. It builds the cell on fresh caches (or warm
 ones: a second worker on the same CACHE_DIR measures a warm start), times the
-first call (the cold compile), judges accuracy against fp32 eager the way
-PyTorch's benchmark dashboard does (``torch._dynamo.utils.same`` with an fp64
-reference), prints ``ZOO_READY {json}``, then answers timing requests on stdin
+first call (the cold compile), judges accuracy the way PyTorch's benchmark
+dashboard does (``torch._dynamo.utils.same`` against eager in the cell's dtype on
+its device, with an fp64 run as the truth: in float32 that is fp32 eager; in
+bfloat16 a result passes when it is about as close to fp64 as bfloat16 eager is), prints ``ZOO_READY {json}``, then answers timing requests on stdin
 as ``benchmarks.worker`` does.
 """
 
@@ -49,7 +50,7 @@ def _accurate(reference, fp64, result, dtype) -> bool:
     ref, ref64, res = (columns.floating_leaves(x) for x in (reference, fp64, result))
     if len(ref) != len(res):
         return False
-    res = [r.float().cpu() for r in res]
+    ref, res = [r.cpu() for r in ref], [r.cpu() for r in res]
     return bool(same(ref, res, fp64_ref=ref64, tol=TOLERANCE[dtype], equal_nan=True))
 
 
@@ -70,7 +71,7 @@ def _gradients(model, inputs, column):
     fn = columns.compiled(column, model)
     loss = sum(t.float().mean() for t in columns.floating_leaves(fn(*inputs)))
     loss.backward()
-    return [p.grad.float().cpu() for p in model.parameters() if p.grad is not None]
+    return [p.grad.cpu() for p in model.parameters() if p.grad is not None]
 
 
 def _peak_mb(device: str) -> float:
@@ -95,13 +96,13 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
     try:
         with redirect_stdout(io.StringIO()):  # models that print
             if mode == "train":
-                ref_grads = _gradients(copy.deepcopy(model), inputs, "eager")
                 ref64 = _gradients(
                     copy.deepcopy(model).double(),
                     tuple(t.double() if t.is_floating_point() else t for t in inputs),
                     "eager",
                 )
                 model, inputs = _moved(model, inputs, device, dtype)
+                ref_grads = _gradients(copy.deepcopy(model), inputs, "eager")
                 start = time.perf_counter()
                 with recorder.recording() as plans:
                     grads = _gradients(model, inputs, column)
@@ -112,11 +113,11 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
             else:
                 with torch.no_grad():
                     model.eval()
-                    reference = copy.deepcopy(model)(*_fresh(inputs))
                     fp64 = copy.deepcopy(model).double()(
                         *(t.double() if t.is_floating_point() else t for t in inputs)
                     )
                     model, inputs = _moved(model, inputs, device, dtype)
+                    reference = copy.deepcopy(model)(*_fresh(inputs))
                     start = time.perf_counter()
                     with recorder.recording() as plans:
                         fn = columns.inference(column, model, inputs)
@@ -127,7 +128,9 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
             report["routes"] = sorted({r.route for p in plans for r in p.regions})
             report["ok"] = report["accurate"]
             if not report["accurate"]:
-                report["error"] = "accuracy: differs from fp32 eager beyond the dashboard's tolerance"
+                report["error"] = (
+                    f"accuracy: differs from {dtype_name} eager beyond the dashboard's tolerance"
+                )
             context = torch.no_grad() if mode == "infer" else torch.enable_grad()
             with context:
                 start = time.perf_counter()

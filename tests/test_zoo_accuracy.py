@@ -1,0 +1,38 @@
+"""The zoo's accuracy judge: the dashboard's rule, against eager in the cell's dtype."""
+
+import torch
+
+from benchmarks.zoo.worker import _accurate
+
+
+def _runs(dtype):
+    """fp64 truth, eager in ``dtype``, and fp32 eager, of one small random MLP."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    x = torch.randn(32, 64)
+    with torch.no_grad():
+        fp64 = model.double()(x.double())
+        low = model.to(dtype)(x.to(dtype))
+        fp32 = model.float()(x)
+    return fp64, low, fp32
+
+
+def test_bfloat16_eager_passes_against_itself_with_an_fp64_truth():
+    fp64, bf16, fp32 = _runs(torch.bfloat16)
+    assert _accurate(bf16, fp64, bf16.clone(), torch.bfloat16)
+    # Judged against fp32 eager (the zoo's first rule), bf16 eager itself failed.
+    assert not _accurate(fp32, fp64, bf16, torch.bfloat16)
+
+
+def test_a_bfloat16_result_far_worse_than_bfloat16_eager_fails():
+    fp64, bf16, _ = _runs(torch.bfloat16)
+    noisy = bf16 + 0.05 * bf16.abs().max() * torch.randn(
+        bf16.shape, generator=torch.Generator().manual_seed(1)
+    ).to(torch.bfloat16)
+    assert not _accurate(bf16, fp64, noisy, torch.bfloat16)
+
+
+def test_float32_is_judged_against_float32_eager():
+    fp64, _, fp32 = _runs(torch.float32)
+    assert _accurate(fp32, fp64, fp32.clone(), torch.float32)
+    assert not _accurate(fp32, fp64, fp32 + 1e-2 * fp32.abs().max(), torch.float32)
