@@ -78,7 +78,7 @@ def auto(
 
 def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config) -> Callable[..., Any]:
     inputs = DynamoInputs.of(gm, example_inputs)
-    lead = inductor_lead(config, example_inputs)
+    lead = inductor_lead(config, gm, example_inputs)
     if lead is not None:
         compiler = _GraphCompiler(config, recorder.next_graph_index(), plan_only=False, inputs=inputs)
         return compile_as_inductor(compiler, gm, example_inputs, lead)

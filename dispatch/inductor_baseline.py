@@ -42,6 +42,7 @@ from .inspect import (
     GRAPH_INFERENCE,
     compute_nodes,
     graph_facts,
+    holds_bfloat16,
     needs_gradients,
 )
 from .partition import describe_region
@@ -69,9 +70,11 @@ class InductorLead:
     capture: bool
 
 
-def inductor_lead(config: Config, example_inputs: Sequence[Any]) -> InductorLead | None:
-    """The lead where this Dynamo graph's baseline is inductor: its tensors are on
-    one device type whose route order starts with inductor, and nothing asks for
+def inductor_lead(
+    config: Config, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+) -> InductorLead | None:
+    """The lead where Dynamo's graph ``gm`` has inductor as its baseline: its tensors are
+    on one device type whose route order starts with inductor, and nothing asks for
     the region-by-region path (autotune and verify measure and check regions).
     None otherwise."""
     if config.autotune or config.verify:
@@ -82,7 +85,8 @@ def inductor_lead(config: Config, example_inputs: Sequence[Any]) -> InductorLead
     (device,) = devices
     inference = not needs_gradients(example_inputs)
     try:
-        order, _ = route_order(device, GRAPH_INFERENCE if inference else GRAPH_FORWARD, config)
+        kind = GRAPH_INFERENCE if inference else GRAPH_FORWARD
+        order, _ = route_order(device, kind, config, holds_bfloat16(gm))
     except DispatchError:
         return None  # the ordinary path raises it, when the graph is called
     leading = [name for name in order if not registry.get(name).wraps]
@@ -178,7 +182,7 @@ def whole_graph_plan(
         facts.devices,
         facts.dynamic,
         facts.node_count,
-        {device: route_order(device, kind, config)[0]},
+        {device: route_order(device, kind, config, facts.bfloat16)[0]},
         [region],
         facts.dynamic_dims,
     )

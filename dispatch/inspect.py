@@ -16,6 +16,7 @@ import torch
 import torch.fx
 
 META_VAL = "val"  # torch's own key: the fake value a node produces
+META_EXAMPLE_VALUE = "example_value"  # the same, on the graphs Dynamo hands a backend
 META_STATIC = "dispatch_static"  # ours: a placeholder fed by a parameter or buffer
 META_PATTERN = "dispatch_pattern"  # ours: the kernels/ pattern instance a node belongs to
 META_PATTERN_REFUSED = "dispatch_pattern_refused"  # ours: why a kernels/ pattern at a node was refused
@@ -46,6 +47,17 @@ def flat_values(node: torch.fx.Node) -> Iterator[object]:
 
 def tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:
     return [v for v in flat_values(node) if isinstance(v, torch.Tensor)]
+
+
+def holds_bfloat16(gm: torch.fx.GraphModule) -> bool:
+    """Whether some value of Dynamo's graph ``gm`` is a bfloat16 tensor: a bfloat16
+    model, or autocast to bfloat16 (``GraphFacts.bfloat16`` says it of an aten graph)."""
+    for node in gm.graph.nodes:
+        value = node.meta.get(META_EXAMPLE_VALUE)
+        values = value if isinstance(value, (list, tuple)) else (value,)
+        if any(isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 for v in values):
+            return True
+    return False
 
 
 def tensor_value(arg: object) -> torch.Tensor | None:
@@ -194,6 +206,11 @@ class GraphFacts:
     @property
     def needs_grad(self) -> bool:
         return self.kind in NEEDS_GRAD
+
+    @property
+    def bfloat16(self) -> bool:
+        """Whether the graph computes in bfloat16 (some value it holds is bfloat16)."""
+        return "bfloat16" in self.dtypes
 
 
 def graph_facts(gm: torch.fx.GraphModule, kind: str, input_names: dict[int, str] | None = None) -> GraphFacts:

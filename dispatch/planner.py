@@ -50,8 +50,11 @@ class NodeChoice:
     place: str = "cpu"
 
 
-def route_order(device: str, kind: str, config: Config) -> tuple[tuple[str, ...], dict[str, str]]:
-    """Routes to try for ``device``/``kind`` in priority order, and why others are left out."""
+def route_order(
+    device: str, kind: str, config: Config, bfloat16: bool = False
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """Routes to try for ``device``/``kind`` in priority order, and why others are left out;
+    ``bfloat16``: the graph computes in bfloat16 (``rules.BFLOAT16_RULES``)."""
     left_out: dict[str, str] = {}
     if config.routes is not None:
         order = list(config.routes)
@@ -63,7 +66,7 @@ def route_order(device: str, kind: str, config: Config) -> tuple[tuple[str, ...]
         if not config.strict and "eager" not in order:
             order.append("eager")
     else:
-        rule = default_rule(device, kind)
+        rule = default_rule(device, kind, bfloat16)
         order = list(rule.routes)
         extra = [
             r.name
@@ -143,7 +146,7 @@ def choose_routes(
         device_types = sorted({d.type for d in devices}, key=lambda t: t == "cpu")
         device = device_types[0] if device_types else "cpu"
         if device not in orders:
-            orders[device] = route_order(device, facts.kind, config)
+            orders[device] = route_order(device, facts.kind, config, facts.bfloat16)
             for name in orders[device][0]:
                 if name not in prepared and availability(registry.get(name)).ok:
                     registry.get(name).prepare(gm, facts)
@@ -194,7 +197,7 @@ def plan_graph(
     check_forced_route(config, facts)
     choices = choose_routes(gm, facts, config)
     devices = {c.device for c in choices.values()} | set(facts.devices)
-    order = {device: route_order(device, kind, config)[0] for device in sorted(devices)}
+    order = {device: route_order(device, kind, config, facts.bfloat16)[0] for device in sorted(devices)}
     regions = form_regions(gm, choices, order, config.min_region_size, graph_index, kind)
     regions = _plan_capture(gm, regions, order, facts)
     plan = GraphPlan(

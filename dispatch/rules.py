@@ -23,6 +23,11 @@ _CPU_INFERENCE = Rule(
     "CPU inference: ONNX Runtime runs what it can; eager runs the rest, it beat inductor "
     "there by measurement (benchmarks/README.md)",
 )
+_CPU_INFERENCE_BFLOAT16 = Rule(
+    ("inductor", "eager"),
+    "CPU inference in bfloat16: ONNX Runtime's CPU provider runs no bfloat16 here, and inductor ran "
+    "such graphs faster than eager (benchmarks/README.md)",
+)
 _CPU_TRAINING = Rule(
     ("inductor", "eager"),
     "CPU training: inductor compiles forward and backward graphs; ONNX Runtime runs inference only",
@@ -51,8 +56,14 @@ RULES: dict[tuple[str, str], Rule] = {
 }
 
 
-def default_rule(device: str, kind: str) -> Rule:
-    rule = RULES.get((device, kind))
+# Where a graph computes in bfloat16 (a bfloat16 model, or autocast to it), these
+# replace the rules above: the rule's first route could not run its arithmetic.
+BFLOAT16_RULES: dict[tuple[str, str], Rule] = {("cpu", GRAPH_INFERENCE): _CPU_INFERENCE_BFLOAT16}
+
+
+def default_rule(device: str, kind: str, bfloat16: bool = False) -> Rule:
+    """The rule for ``device``/``kind``; ``bfloat16``: the graph computes in bfloat16."""
+    rule = (BFLOAT16_RULES.get((device, kind)) if bfloat16 else None) or RULES.get((device, kind))
     if rule is None:
         return Rule(_NOT_YET.routes, _NOT_YET.reason.format(device=device))
     return rule

@@ -2,6 +2,8 @@
 one AOTAutograd pass, parameters as static inputs, a departure only where the
 plan records one, and a failing inductor compile falling back for that graph."""
 
+import contextlib
+
 import pytest
 import torch
 import torch._inductor.compile_fx as compile_fx_module
@@ -77,6 +79,25 @@ def test_forced_inductor_inference_is_inductor_whole(inner_calls, monkeypatch):
     assert len(inner_calls) == 1 and inner_calls[0]["is_inference"]
     assert len(inner_calls[0]["static_input_idxs"]) == 4
     torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("how", ["bfloat16 model", "autocast"])
+def test_cpu_inference_in_bfloat16_is_inductor_whole(inner_calls, how):
+    # Dynamo's graph decides the lead: under autocast its inputs are float32 and only
+    # the values inside are bfloat16.
+    model = mlp().eval()
+    x = torch.randn(8, 16)
+    if how == "bfloat16 model":
+        model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+        context = contextlib.nullcontext()
+    else:
+        context = torch.autocast("cpu", dtype=torch.bfloat16)
+    with context:
+        explanation = dispatch.explain(model, x)
+        assert [r.route for r in explanation.regions] == ["inductor"]
+        assert len(inner_calls) == 1 and len(inner_calls[0]["static_input_idxs"]) == 4
+        torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x))
 
 
 def test_a_departure_is_split_inside_the_one_aot_pass(monkeypatch):

@@ -9,10 +9,10 @@ from tests.conftest import fake_inputs, on_fake_device
 from tests.models import MLP, CustomOpMLP
 
 
-def fake_plan(model, device, *shapes, **options):
+def fake_plan(model, device, *shapes, dtype=torch.float32, **options):
     mode = FakeTensorMode()
     model = on_fake_device(model, device, mode)
-    inputs = fake_inputs(mode, device, *shapes)
+    inputs = fake_inputs(mode, device, *shapes, dtype=dtype)
     return dispatch.plan(torch.fx.symbolic_trace(model), inputs, **options)
 
 
@@ -24,6 +24,20 @@ def test_cpu_inference_goes_to_onnxrt():
     assert "aten.addmm.default" in region.ops
     assert region.kind == "inference"
     assert "not chosen by rule" in region.rejected["inductor"]
+
+
+def test_cpu_inference_in_bfloat16_goes_to_inductor():
+    # ONNX Runtime runs no bfloat16 on CPU: under the fp32 rule every op fell to eager,
+    # 1.2-1.9x slower than inductor on the zoo's models (benchmarks/README.md).
+    plan = fake_plan(MLP().to(torch.bfloat16), "cpu", (4, 16), dtype=torch.bfloat16)
+    assert [r.route for r in plan.regions] == ["inductor"]
+    assert "CPU inference in bfloat16" in plan.regions[0].rejected["onnxrt"]
+    assert plan.graphs[0].route_order["cpu"] == ("inductor", "eager")
+
+
+def test_cpu_inference_in_float16_stays_on_onnxrt():
+    plan = fake_plan(MLP().to(torch.float16), "cpu", (4, 16), dtype=torch.float16)
+    assert [r.route for r in plan.regions] == ["onnxrt"]
 
 
 def test_mps_goes_to_eager_never_inductor():
