@@ -37,8 +37,9 @@ def op_name(node: torch.fx.Node) -> str:
     return getattr(target, "__qualname__", None) or str(target)
 
 
-def flat_values(node: torch.fx.Node) -> Iterator[object]:
-    val = node.meta.get(META_VAL)
+def flat_values(node: torch.fx.Node, key: str = META_VAL) -> Iterator[object]:
+    """The values a node holds under ``key``, a tuple's items one by one."""
+    val = node.meta.get(key)
     if isinstance(val, (list, tuple)):
         yield from val
     else:
@@ -52,12 +53,11 @@ def tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:
 def holds_bfloat16(gm: torch.fx.GraphModule) -> bool:
     """Whether some value of Dynamo's graph ``gm`` is a bfloat16 tensor: a bfloat16
     model, or autocast to bfloat16 (``GraphFacts.bfloat16`` says it of an aten graph)."""
-    for node in gm.graph.nodes:
-        value = node.meta.get(META_EXAMPLE_VALUE)
-        values = value if isinstance(value, (list, tuple)) else (value,)
-        if any(isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 for v in values):
-            return True
-    return False
+    return any(
+        isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16
+        for node in gm.graph.nodes
+        for v in flat_values(node, META_EXAMPLE_VALUE)
+    )
 
 
 def tensor_value(arg: object) -> torch.Tensor | None:

@@ -7,8 +7,9 @@ ones: a second worker on the same CACHE_DIR measures a warm start), times the
 first call (the cold compile), judges accuracy the way PyTorch's benchmark
 dashboard does (``torch._dynamo.utils.same`` against eager in the cell's dtype on
 its device, with an fp64 run as the truth: in float32 that is fp32 eager; in
-bfloat16 a result passes when it is about as close to fp64 as bfloat16 eager is), prints ``ZOO_READY {json}``, then answers timing requests on stdin
-as ``benchmarks.worker`` does.
+bfloat16 a result passes when it is about as close to fp64 as bfloat16 eager
+is), prints ``ZOO_READY {json}``, then answers timing requests on stdin as
+``benchmarks.worker`` does.
 """
 
 from __future__ import annotations
