@@ -28,7 +28,8 @@ Every node must pass torch's own cacheability check, the one
 AOTAutograd runtime wrapper would do nothing are stored (the wrapper is
 skipped in that case anyway), and only if the record reads back as the same
 graph. Anything else (gradients, autocast, dynamic shapes, non-tensor inputs,
-tensors held by the graph module) is traced as before.
+tensors held by the graph module other than small constants, which are stored
+by value) is traced as before.
 
 The entry is data: nothing in it is executed or unpickled, so whoever can
 write the cache directory cannot run code in the user's process through it

@@ -9,7 +9,11 @@ every name that reaches it is checked to be a plain identifier. The persistent
 cache (``aten_cache.py``) and saved programs (``archive.py``) both use it.
 
 Each node's ``meta["val"]`` (what planning and the kernels' pattern matcher
-read) is stored as its tensors' metadata and made again as fake tensors.
+read) is stored as its tensors' metadata and made again as fake tensors. A
+small tensor constant the graph reads (``get_attr``: what AOTAutograd makes of
+``torch.tensor(...)`` in a model's code, such as the empty tensor or the scalar
+that decoders' mask code creates) is stored by value; a larger one, or any
+other attribute, cannot be written as data.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class GraphSource(NamedTuple):
 
     nodes: list[dict[str, Any]]  # each node's name, kind, target and arguments (``node_record``)
     values: list[Any]  # each node's ``meta["val"]`` as ``describe`` writes it (None: not kept)
+    constants: dict[str, Any] = {}  # each ``get_attr`` target by value (``constant_record``)
 
 
 def graph_source(gm: torch.fx.GraphModule, *, modules: bool = False, all_values: bool = True) -> GraphSource:
@@ -39,6 +44,10 @@ def graph_source(gm: torch.fx.GraphModule, *, modules: bool = False, all_values:
     cannot be written as data."""
     kinds = _NODE_KINDS + (("call_module",) if modules else ())
     nodes = [node_record(node, kinds) for node in gm.graph.nodes]
+    constants = {
+        str(node.target): constant_record(node, getattr(gm, str(node.target), None))
+        for node in gm.graph.find_nodes(op="get_attr")
+    }
     values = []
     for node in gm.graph.nodes:
         try:
@@ -47,7 +56,55 @@ def graph_source(gm: torch.fx.GraphModule, *, modules: bool = False, all_values:
             if all_values:
                 raise
             values.append(None)
-    return GraphSource(nodes, values)
+    return GraphSource(nodes, values, constants)
+
+
+# The most elements a constant may have to be stored by value: decoders' mask code
+# makes empty and 0-d tensors; anything near this size is a weight, not a literal.
+CONSTANT_LIMIT = 64
+
+
+def constant_record(node: torch.fx.Node, value: Any) -> dict[str, Any]:
+    """A ``get_attr`` node's tensor as JSON: dtype, shape, device and its values.
+
+    ``ValueError`` where it is not a small, dense, real-valued plain tensor."""
+    if not _plain_name(node.target):
+        raise ValueError(f"node {node.name} reads {node.target!r}, not a plain name")
+    if type(value) is not torch.Tensor or value.layout != torch.strided or not value.is_contiguous():
+        raise ValueError(f"node {node.name} reads {type(value).__name__} {node.target}, not a dense tensor")
+    if value.numel() > CONSTANT_LIMIT or value.is_complex() or value.is_quantized:
+        raise ValueError(f"node {node.name} reads a constant of {value.numel()} {value.dtype} elements")
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # planning runs inside AOTAutograd's fake mode
+        data = value.detach().to("cpu").flatten().tolist()
+    return {
+        "dtype": str(value.dtype).removeprefix("torch."),
+        "shape": list(value.shape),
+        "device": str(value.device),
+        # float.hex: exact, and NaN and infinity stay JSON
+        "data": [x.hex() if isinstance(x, float) else x for x in data],
+    }
+
+
+def _constant(record: Any) -> torch.Tensor:
+    """The tensor that ``constant_record`` wrote."""
+    if not isinstance(record, dict) or not isinstance(record.get("data"), list):
+        raise ValueError(f"malformed constant {record!r:.80}")
+    dtype = getattr(torch, str(record["dtype"]), None)
+    shape = record.get("shape")
+    if not isinstance(dtype, torch.dtype) or len(record["data"]) > CONSTANT_LIMIT:
+        raise ValueError(f"malformed constant {record!r:.80}")
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        raise ValueError(f"malformed constant {record!r:.80}")
+    data = [float.fromhex(x) if isinstance(x, str) else x for x in record["data"]]
+    if not all(type(x) in (bool, int, float) for x in data):
+        raise ValueError(f"malformed constant {record!r:.80}")
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        flat = torch.tensor(data, dtype=dtype)
+        return flat.reshape(shape).to(torch.device(record["device"]))
 
 
 def read_graph(
@@ -69,10 +126,12 @@ def read_graph(
             raise ValueError(f"node name {name!r:.80} is not a plain name")
         target = _target(record["target"]) if op == "call_function" else record["target"]
         # FX writes a placeholder's target into the generated ``def forward(...)``.
-        if op in ("placeholder", "call_module") and not _plain_name(target):
+        if op in ("placeholder", "call_module", "get_attr") and not _plain_name(target):
             raise ValueError(f"node {name}: target {target!r:.80} is not a plain name")
         if op == "call_module" and (modules is None or target not in modules):
             raise ValueError(f"node {name}: no region {target!r:.80}")
+        if op == "get_attr" and target not in source.constants:
+            raise ValueError(f"node {name}: no constant {target!r:.80}")
         if op == "output" and target != "output":
             raise ValueError(f"node {name}: output target {target!r:.80}")
         args = _decode(record["args"], made)
@@ -82,13 +141,17 @@ def read_graph(
         made[name] = graph.create_node(op, target, args, kwargs, name=name)
         if made[name].name != name:
             raise ValueError(f"node name {name!r} is taken")
-    root: torch.nn.Module | dict[str, Any] = dict(modules) if modules is not None else torch.nn.Module()
+    root: dict[str, Any] = dict(modules) if modules is not None else {}
+    for target, constant in source.constants.items():
+        if not _plain_name(target) or target in root:
+            raise ValueError(f"constant {target!r:.80} is not a plain, free name")
+        root[target] = _constant(constant)
     gm = torch.fx.GraphModule(root, graph)
     restore_values(gm, source.values)
     return gm
 
 
-_NODE_KINDS: tuple[str, ...] = ("placeholder", "call_function", "output")
+_NODE_KINDS: tuple[str, ...] = ("placeholder", "call_function", "get_attr", "output")
 # The Python functions an aten graph may call: item access and size arithmetic
 # on symbolic dimensions. A fixed table: a name outside it does not load.
 _PYTHON_TARGETS = {

@@ -69,13 +69,21 @@ def _ramp(x):  # ops without tensor inputs, which plain FX tracing would fold to
     return x + torch.arange(x.shape[1], device=x.device, dtype=x.dtype) + torch.ones(x.shape[1])
 
 
+def _literals(x):  # tensor literals: AOTAutograd holds them as constants of the graph (get_attr)
+    scale, shift = torch.tensor(0.1), torch.tensor([1.5, -0.0, 3.0, 0.1, 7.0])
+    rows = x[torch.tensor([0, 2])]
+    return (rows * scale + shift).clamp(max=torch.tensor(float("inf"))), torch.tensor([]).numel()
+
+
 def _several_outputs(x):
     top, index = x.max(dim=1)
     a, b = torch.split(x, [1, x.shape[1] - 1], dim=1)
     return top, index, a.sum() + b.mean()
 
 
-@pytest.mark.parametrize("fn", [_layer_norm_mlp, _offset_view, _constants, _ramp, _several_outputs])
+@pytest.mark.parametrize(
+    "fn", [_layer_norm_mlp, _offset_view, _constants, _ramp, _literals, _several_outputs]
+)
 def test_a_second_compile_plans_the_graph_the_first_traced(planned, fn):
     x = torch.randn(4, 5)
     with torch.no_grad():
@@ -107,6 +115,20 @@ def test_a_graph_that_reads_back_otherwise_is_not_stored(planned, monkeypatch):
         torch.compile(_ramp, backend="auto", options=EAGER)(x)
         torch._dynamo.reset()
         torch.testing.assert_close(torch.compile(_ramp, backend="auto", options=EAGER)(x + 1), _ramp(x + 1))
+    assert planned["traces"] == 2
+    assert not (Path(os.environ["DISPATCH_CACHE_DIR"]) / aten_cache.KIND).exists()
+
+
+def _table(x):  # a literal past graph_data.CONSTANT_LIMIT: a weight in all but name, not stored
+    return x + torch.tensor([float(i) for i in range(100)])[: x.shape[1]]
+
+
+def test_a_graph_holding_a_large_constant_is_traced_each_time(planned):
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        for _ in range(2):
+            torch._dynamo.reset()
+            torch.testing.assert_close(torch.compile(_table, backend="auto", options=EAGER)(x), _table(x))
     assert planned["traces"] == 2
     assert not (Path(os.environ["DISPATCH_CACHE_DIR"]) / aten_cache.KIND).exists()
 
@@ -254,3 +276,39 @@ def test_an_entry_that_no_longer_loads_is_reported_once_and_rewritten(planned, m
             warnings.simplefilter("error", CacheWarning)
             torch.compile(_layer_norm_mlp, backend="auto", options=EAGER)(x)
     assert planned["traces"] == 2
+
+
+def _with_constant(record, name, constant):
+    nodes = [dict(n) for n in record["nodes"]]
+    at = next(i for i, n in enumerate(nodes) if n["op"] == "call_function")
+    nodes.insert(
+        at, {"name": "c", "op": "get_attr", "target": name, "args": {"tuple": []}, "kwargs": {"dict": []}}
+    )
+    return {**record, "nodes": nodes, "values": [None, *record["values"]], "constants": {name: constant}}
+
+
+_SCALAR = {"dtype": "float32", "shape": [], "device": "cpu", "data": [(0.5).hex()]}
+BAD_CONSTANTS = {
+    "code as a constant's name": (_SENTINEL, _SCALAR),
+    "code as a constant's value": ("c0", {**_SCALAR, "data": [_SENTINEL]}),
+    "code as a constant's dtype": ("c0", {**_SCALAR, "dtype": _SENTINEL}),
+    "a constant past the limit": ("c0", {**_SCALAR, "shape": [65], "data": [1] * 65}),
+    "no such constant": ("c0", None),
+}
+
+
+@pytest.mark.parametrize("name, constant", BAD_CONSTANTS.values(), ids=BAD_CONSTANTS.keys())
+def test_a_malformed_constant_does_not_load(name, constant):
+    import builtins
+
+    graph = torch.fx.Graph()
+    graph.output(graph.call_function(torch.ops.aten.relu.default, (graph.placeholder("x"),)))
+    record = graph_data.graph_source(torch.fx.GraphModule({}, graph), all_values=False)._asdict()
+    tampered = _with_constant(record, name, constant)
+    if constant is None:
+        tampered["constants"] = {}
+    with pytest.raises((ValueError, KeyError, AttributeError)):
+        graph_data.read_graph(graph_data.GraphSource(**tampered))
+    assert not hasattr(builtins, "DISPATCH_PWNED")
+    sound = graph_data.read_graph(graph_data.GraphSource(**_with_constant(record, "c0", _SCALAR)))
+    assert sound.c0.item() == 0.5 and sound.c0.dtype == torch.float32
