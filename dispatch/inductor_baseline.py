@@ -24,6 +24,7 @@ still serves warm starts.
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from collections.abc import Callable, Sequence
@@ -44,6 +45,16 @@ from .inspect import (
     graph_facts,
     holds_bfloat16,
     needs_gradients,
+)
+from .kernel_trial import (
+    KernelTrial,
+    TrialRecord,
+    kernel_decompositions,
+    stored_decision,
+    stored_kernels,
+    stored_measured,
+    trial_key,
+    trials_kernels,
 )
 from .partition import describe_region
 from .planner import availability, check_forced_route, choose_routes, route_order
@@ -68,6 +79,8 @@ class InductorLead:
     trees capture it (CUDA inference, with cudagraphs in the device's order)."""
 
     capture: bool
+    #: under autotune: try the kernels/ inside inductor's graph (``kernel_trial.py``)
+    trial: bool = False
 
 
 def inductor_lead(
@@ -75,14 +88,17 @@ def inductor_lead(
 ) -> InductorLead | None:
     """The lead where Dynamo's graph ``gm`` has inductor as its baseline: its tensors are
     on one device type whose route order starts with inductor, and nothing asks for
-    the region-by-region path (autotune and verify measure and check regions).
-    None otherwise."""
-    if config.autotune or config.verify:
+    the region-by-region path (verify checks regions; autotune measures regions,
+    except where the kernels/ are tried inside inductor's whole graph instead,
+    ``kernel_trial.py``). None otherwise."""
+    if config.verify:
         return None
     devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
     if len(devices) != 1:
         return None
     (device,) = devices
+    if config.autotune and not trials_kernels(config, device):
+        return None
     inference = not needs_gradients(example_inputs)
     try:
         kind = GRAPH_INFERENCE if inference else GRAPH_FORWARD
@@ -92,7 +108,9 @@ def inductor_lead(
     leading = [name for name in order if not registry.get(name).wraps]
     if leading[:1] != [INDUCTOR] or not availability(registry.get(INDUCTOR)).ok:
         return None
-    return InductorLead(capture=inference and device == "cuda" and CUDAGRAPHS in order)
+    return InductorLead(
+        capture=inference and device == "cuda" and CUDAGRAPHS in order, trial=inference and config.autotune
+    )
 
 
 def compile_as_inductor(
@@ -101,22 +119,79 @@ def compile_as_inductor(
     """``gm`` through ``compile_fx``, each aten graph planned by ``compiler``'s config."""
     from torch._inductor.compile_fx import compile_fx
 
-    inner = PlanningInnerCompile(compiler, lead.capture)
+    inner = PlanningInnerCompile(compiler, lead.capture, lead.trial)
+    original = copy.deepcopy(gm) if lead.trial else gm  # compile_fx takes ownership of its graph
     with torch._functorch.config.patch(enable_autograd_cache=False):
         compiled = compile_fx(
             gm, list(example_inputs), inner_compile=inner, config_patches={"triton.cudagraphs": lead.capture}
         )
     assert callable(compiled), "compile_fx returns a callable outside ahead-of-time compilation"
-    return compiled
+    if len(inner.records) != 1 or inner.records[0] is None:
+        return compiled  # no trial, or the graph was split: its regions are measured as such
+    return _with_kernel_trial(compiler.config, original, example_inputs, lead, compiled, inner.records[0])
+
+
+def _with_kernel_trial(
+    config: Config,
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    lead: InductorLead,
+    plain: Callable[..., Any],
+    record: TrialRecord,
+) -> Callable[..., Any]:
+    """``plain``, or a ``KernelTrial`` of it against ``gm`` compiled with the
+    kernels/ decomposed into it (``kernel_trial.py``)."""
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    key = trial_key(gm, example_inputs)
+    stored = stored_decision(config.cache_dir, key)
+    used: list[str] = []
+
+    def inner(graph: torch.fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
+        with COMPILE_LOCK, inductor_cache(config.cache_dir):
+            compiled = compile_fx_inner(graph, inputs, **kwargs)
+        if record.region.route == CUDAGRAPHS and not config.reduce_overhead:
+            return _outputs_survive(compiled)
+        return compiled
+
+    if stored is not None and not stored["inlined"]:
+        KernelTrial(plain, plain, stored_kernels(stored), record, config.cache_dir, key).settle(
+            False, stored_measured(stored)
+        )
+        return plain  # the kernels lost here before: they are not compiled again
+    try:
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            inlined = compile_fx(
+                gm,
+                list(example_inputs),
+                inner_compile=inner,
+                config_patches={"triton.cudagraphs": lead.capture},
+                decompositions=kernel_decompositions(used),
+            )
+    except Exception as error:  # the plain graph serves; explain says why
+        detail = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+        trial = KernelTrial(plain, plain, used, record, config.cache_dir, key)
+        trial.settle(False, {}, f"kernels/ inlined failed to compile: {detail}")
+        return plain
+    if not used:
+        return plain  # no softmax or layer norm that the kernels take
+    assert callable(inlined), "compile_fx returns a callable outside ahead-of-time compilation"
+    trial = KernelTrial(plain, inlined, used, record, config.cache_dir, key)
+    if stored is not None:
+        trial.settle(True, stored_measured(stored))
+    return trial
 
 
 class PlanningInnerCompile:
     """``compile_fx``'s inner compile: plan the aten graph, then hand it to
     ``compile_fx_inner`` whole, or split and stitch it where the plan departs."""
 
-    def __init__(self, compiler: _GraphCompiler, capture: bool) -> None:
+    def __init__(self, compiler: _GraphCompiler, capture: bool, trial: bool = False) -> None:
         self.compiler = compiler
         self.capture = capture
+        self.trial = trial
+        #: per aten graph compiled whole, the record a kernel trial updates (None: no trial)
+        self.records: list[TrialRecord | None] = []
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
         from torch._inductor.compile_fx import compile_fx_inner
@@ -147,7 +222,9 @@ class PlanningInnerCompile:
         wanted = self.capture and kind == GRAPH_INFERENCE
         region = _with_capture(plan.regions[0], kwargs.get("cudagraphs"), compiled, wanted)
         plan = replace(plan, regions=[region])
-        recorder.publish(GraphRecord(plan, None))
+        record = TrialRecord(region) if self.trial and kind == GRAPH_INFERENCE else None
+        self.records.append(record)
+        recorder.publish(GraphRecord(plan, record))
         log.info(
             "graph %d (%s): %s -> %s (inductor's own compile)", plan.graph, kind, region.name, region.route
         )

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .region import GraphPlan, Region
 
@@ -22,13 +22,20 @@ if TYPE_CHECKING:
     from .stitch import StitchedGraph
 
 
+class Outcome(Protocol):
+    """What a graph's regions turned out to be at run time."""
+
+    def outcome(self) -> list[Region]: ...
+
+
 @dataclass(frozen=True)
 class GraphRecord:
-    """One compiled graph: the plan, and the stitched program that ran it (None
-    for a graph that inductor compiled whole: nothing of it changes at run time)."""
+    """One compiled graph: the plan, and what ran it: the stitched program, a kernel
+    trial (``kernel_trial.py``), or None for a graph that inductor compiled whole
+    with nothing to decide at run time."""
 
     plan: GraphPlan
-    stitched: StitchedGraph | None
+    stitched: StitchedGraph | Outcome | None
 
     @property
     def regions(self) -> list[Region]:

@@ -139,3 +139,21 @@ def test_a_lowered_cuda_program_is_captured_inductor_and_round_trips(tmp_path):
     for n in (3, 40):
         y = torch.randn(n, 64, device="cuda")
         torch.testing.assert_close(dynamic(y), model(y), rtol=1e-3, atol=1e-3)
+
+
+def test_kernels_are_tried_inside_the_captured_inductor_graph(monkeypatch):
+    """Under autotune a transformer block stays one captured inductor graph; the
+    kernels/ version of it is measured against it as a whole and explain shows both."""
+    monkeypatch.setenv("DISPATCH_AUTOTUNE", "1")
+    layer = torch.nn.TransformerEncoderLayer(256, 4, 512, batch_first=True).cuda().eval().to(torch.bfloat16)
+    x = torch.randn(8, 128, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        explanation = dispatch.explain(layer, x)
+        expected = layer(x)
+        for _ in range(3):
+            torch.testing.assert_close(
+                torch.compile(layer, backend="auto")(x), expected, atol=2e-2, rtol=2e-2
+            )
+    (region,) = explanation.regions
+    assert region.route == "cudagraphs" and region.inner_route == "inductor"
+    assert any(name.startswith("triton (") for name in region.measured), region.measured

@@ -1,0 +1,212 @@
+"""Hand kernels inside inductor's graph, kept only where the whole graph runs faster with them.
+
+Under autotune, a Dynamo graph that inductor compiles whole (CUDA inference;
+on CPU only under the Triton interpreter, for tests) is compiled by inductor a
+second time with a decomposition table in which softmax and layer norm become
+the ops of their ``kernels/`` (``routes/triton_ops.py``) wherever the kernel
+takes their inputs; inductor calls them as extern kernels inside its one
+graph, fusing the ops around them, captured alike. The first call with real
+inputs checks the second program against the first and times both in turn on
+those inputs (``autotune.median_call_s``, the device synchronised); the faster
+serves every later call, and ``explain`` shows both times. So a kernel is judged
+by what it does to the whole graph, the fusions it breaks included, never by
+itself. The decision is stored in the persistent cache: a warm start measures
+nothing, and compiles the kernels' graph only where it won.
+
+Why a decomposition table and not the triton route's pattern matcher: inductor
+decomposes ``_softmax`` and ``native_layer_norm`` while AOTAutograd traces, so
+the aten graph it compiles no longer holds the patterns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from .autotune import check_close, format_seconds, median_call_s
+from .cache import ArtifactCache, region_key
+from .config import Config
+from .region import Region
+from .routes.registry import registry
+from .routes.triton_checks import FLOATS
+from .routes.triton_ops import kernel_ops
+
+log = logging.getLogger("dispatch")
+aten = torch.ops.aten
+
+TRITON = "triton"
+_KIND = "kernel_trial"  # the persistent cache's entries of decisions
+
+
+def trials_kernels(config: Config, device: str) -> bool:
+    """Whether an inductor graph on ``device`` tries the kernels inlined: under
+    autotune, where the triton route is allowed, installed and serves ``device``."""
+    if not config.autotune or not config.allows(TRITON):
+        return False
+    route = registry.get(TRITON)
+    return route.available().ok and route.serves_device(device)
+
+
+def kernel_decompositions(used: list[str]) -> dict[Any, Callable[..., Any]]:
+    """Inductor's decomposition table, with softmax and layer norm decomposed into
+    their kernels' ops where the kernel takes the inputs (their names go to ``used``)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    table = dict(select_decomp_table())
+    ops = kernel_ops()
+    softmax, layer_norm = aten._softmax.default, aten.native_layer_norm.default
+    plain_softmax, plain_layer_norm = table[softmax], table[layer_norm]
+
+    def softmax_kernel(x: torch.Tensor, dim: int, half_to_float: bool) -> Any:
+        if half_to_float or not _rows(x) or dim not in (-1, x.dim() - 1):
+            return plain_softmax(x, dim, half_to_float)
+        used.append("softmax")
+        return ops["softmax"](x)
+
+    def layer_norm_kernel(x: torch.Tensor, shape: list[int], weight: Any, bias: Any, eps: float) -> Any:
+        takes = _rows(x) and tuple(x.shape[x.dim() - len(shape) :]) == tuple(shape)
+        if not takes or any(t is not None and (t.dtype != x.dtype or not _rows(t)) for t in (weight, bias)):
+            return plain_layer_norm(x, shape, weight, bias, eps)
+        used.append("layer_norm")
+        half = x.dtype in (torch.float16, torch.bfloat16) and x.device.type == "cuda"
+        return ops["layer_norm"](x, list(shape), weight, bias, eps, torch.float32 if half else x.dtype)
+
+    table[softmax], table[layer_norm] = softmax_kernel, layer_norm_kernel
+    return table
+
+
+def _rows(x: torch.Tensor) -> bool:
+    """A tensor the row kernels take: static shape, contiguous, a float dtype they compute in."""
+    return (
+        x.dim() >= 1
+        and all(type(n) is int for n in x.shape)
+        and x.numel() > 0
+        and x.dtype in FLOATS
+        and x.is_contiguous()
+    )
+
+
+def trial_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str:
+    return region_key(
+        gm,
+        _KIND,
+        [(tuple(t.shape), t.dtype, t.device.type) for t in example_inputs if isinstance(t, torch.Tensor)],
+    )
+
+
+def stored_decision(cache_dir: Path, key: str) -> dict[str, Any] | None:
+    record = ArtifactCache(cache_dir).get_json(_KIND, key)
+    return record if isinstance(record, dict) and isinstance(record.get("inlined"), bool) else None
+
+
+def stored_measured(stored: dict[str, Any]) -> dict[str, str]:
+    measured = stored.get("measured")
+    return {str(k): str(v) for k, v in measured.items()} if isinstance(measured, dict) else {}
+
+
+def stored_kernels(stored: dict[str, Any]) -> list[str]:
+    kernels = stored.get("kernels")
+    return [str(k) for k in kernels] if isinstance(kernels, list) else []
+
+
+def summary(kernels: Sequence[str]) -> str:
+    counts = {name: kernels.count(name) for name in dict.fromkeys(kernels)}
+    return ", ".join(f"{name} x{n}" if n > 1 else name for name, n in counts.items())
+
+
+class TrialRecord:
+    """The region of a graph under trial, as ``explain`` reads it (``GraphRecord``'s outcome)."""
+
+    def __init__(self, region: Region) -> None:
+        self.region = region
+
+    def outcome(self) -> list[Region]:
+        return [self.region]
+
+
+class KernelTrial:
+    """A Dynamo graph's program: inductor's as it is (``plain``) or with the kernels
+    inlined (``inlined``), whichever ran faster on the first real inputs."""
+
+    def __init__(
+        self,
+        plain: Callable[..., Any],
+        inlined: Callable[..., Any],
+        kernels: list[str],
+        record: TrialRecord,
+        cache_dir: Path,
+        key: str,
+    ) -> None:
+        self.plain, self.inlined, self.kernels = plain, inlined, kernels
+        self.record = record
+        self.cache_dir, self.key = cache_dir, key
+        self.chosen: Callable[..., Any] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        if self.chosen is None:
+            with self._lock:
+                if self.chosen is None:
+                    self._decide(args)
+        assert self.chosen is not None
+        return self.chosen(*args)
+
+    def _decide(self, args: Sequence[Any]) -> None:
+        plain, inlined = self.plain, self.inlined
+        region = self.record.region
+        try:
+            expected = [o.clone() if isinstance(o, torch.Tensor) else o for o in _flat(plain(*args))]
+            check_close(expected, _flat(inlined(*args)))
+        except Exception as error:  # a failing candidate loses; it never breaks the graph
+            self.settle(False, {}, f"kernels/ inlined in inductor's graph failed: {_detail(error)}")
+            return
+        seconds = median_call_s({"plain": plain, "inlined": inlined}, args)
+        wins = seconds["inlined"] < seconds["plain"]
+        measured = {
+            region.inner_route or region.route: format_seconds(seconds["plain"]),
+            f"{TRITON} ({summary(self.kernels)} inlined)": format_seconds(seconds["inlined"]),
+        }
+        record = {"inlined": wins, "measured": measured, "kernels": self.kernels}
+        ArtifactCache(self.cache_dir).put_json(_KIND, self.key, record)
+        self.settle(wins, measured)
+
+    def settle(self, inlined: bool, measured: dict[str, str], failure: str | None = None) -> None:
+        """Serve the winner from now on, and record why."""
+        self.chosen = self.inlined if inlined else self.plain
+        self.record.region = decided(self.record.region, self.kernels, inlined, measured, failure)
+        region = self.record.region
+        log.info("graph %d: kernels/ %s", region.graph, "inlined" if inlined else region.rejected[TRITON])
+
+
+def _flat(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _detail(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}".splitlines()[0][:200]
+
+
+def decided(
+    region: Region,
+    kernels: Sequence[str],
+    inlined: bool,
+    measured: dict[str, str],
+    failure: str | None = None,
+) -> Region:
+    """``region`` with the trial's outcome: the times, and why triton's kernels are not in its graph."""
+    rejected = {k: v for k, v in region.rejected.items() if k != TRITON}
+    if failure is not None:
+        rejected[TRITON] = failure
+    elif not inlined:
+        rejected[TRITON] = (
+            f"kernels/ ({summary(kernels)}) inlined in inductor's graph measured slower as a whole graph"
+        )
+    ops = region.ops if not inlined else (*(f"{TRITON}:{k}" for k in dict.fromkeys(kernels)), *region.ops)
+    return replace(region, rejected=rejected, measured=dict(measured), ops=tuple(ops))
