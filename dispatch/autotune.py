@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .errors import error_line
 from .routes import CompiledFn
 
 BUDGET_S = 30.0  # per region: compiling and timing all candidates
@@ -73,7 +74,7 @@ def measure(
             fn = compile_route(route)
             check_close(expected, fn(*args))
         except Exception as error:  # a failing candidate loses; it never breaks the region
-            detail = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+            detail = error_line(error)
             tuning.reasons[route] = f"not measured: {detail}"
             continue
         compiled[route] = fn

@@ -8,6 +8,12 @@ to do instead.
 from __future__ import annotations
 
 
+def error_line(error: BaseException, width: int = 200) -> str:
+    """``error`` as its type and the first line of its message, cut at ``width``:
+    what a reason in ``explain`` or a warning quotes of an exception."""
+    return f"{type(error).__name__}: {error}".splitlines()[0][:width]
+
+
 class DispatchError(RuntimeError):
     """Base class of every error that dispatch raises on purpose."""
 

@@ -36,7 +36,7 @@ import torch.fx
 
 from .cache import inductor_cache
 from .config import Config
-from .errors import DispatchError
+from .errors import DispatchError, error_line
 from .inspect import (
     GRAPH_BACKWARD,
     GRAPH_FORWARD,
@@ -117,18 +117,34 @@ def compile_as_inductor(
     compiler: _GraphCompiler, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], lead: InductorLead
 ) -> Callable[..., Any]:
     """``gm`` through ``compile_fx``, each aten graph planned by ``compiler``'s config."""
-    from torch._inductor.compile_fx import compile_fx
-
     inner = PlanningInnerCompile(compiler, lead.capture, lead.trial)
     original = copy.deepcopy(gm) if lead.trial else gm  # compile_fx takes ownership of its graph
-    with torch._functorch.config.patch(enable_autograd_cache=False):
-        compiled = compile_fx(
-            gm, list(example_inputs), inner_compile=inner, config_patches={"triton.cudagraphs": lead.capture}
-        )
-    assert callable(compiled), "compile_fx returns a callable outside ahead-of-time compilation"
+    compiled = _compile_fx(gm, example_inputs, inner, lead)
     if len(inner.records) != 1 or inner.records[0] is None:
         return compiled  # no trial, or the graph was split: its regions are measured as such
     return _with_kernel_trial(compiler.config, original, example_inputs, lead, compiled, inner.records[0])
+
+
+def _compile_fx(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    inner: Callable[..., Any],
+    lead: InductorLead,
+    decompositions: dict[Any, Callable[..., Any]] | None = None,
+) -> Callable[..., Any]:
+    """Inductor's ``compile_fx`` of ``gm`` with ``inner`` as its inner compile."""
+    from torch._inductor.compile_fx import compile_fx
+
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        compiled = compile_fx(
+            gm,
+            list(example_inputs),
+            inner_compile=inner,
+            config_patches={"triton.cudagraphs": lead.capture},
+            decompositions=decompositions,
+        )
+    assert callable(compiled), "compile_fx returns a callable outside ahead-of-time compilation"
+    return compiled
 
 
 def _with_kernel_trial(
@@ -141,45 +157,38 @@ def _with_kernel_trial(
 ) -> Callable[..., Any]:
     """``plain``, or a ``KernelTrial`` of it against ``gm`` compiled with the
     kernels/ decomposed into it (``kernel_trial.py``)."""
-    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+    from torch._inductor.compile_fx import compile_fx_inner
 
     key = trial_key(gm, example_inputs)
     stored = stored_decision(config.cache_dir, key)
-    used: list[str] = []
+    if stored is not None and not stored["inlined"]:
+        record.settle(stored_kernels(stored), False, stored_measured(stored))
+        return plain  # the kernels lost here before: they are not compiled again
 
     def inner(graph: torch.fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
         with COMPILE_LOCK, inductor_cache(config.cache_dir):
-            compiled = compile_fx_inner(graph, inputs, **kwargs)
-        if record.region.route == CUDAGRAPHS and not config.reduce_overhead:
-            return _outputs_survive(compiled)
-        return compiled
+            return _served(compile_fx_inner(graph, inputs, **kwargs), record.region, config)
 
-    if stored is not None and not stored["inlined"]:
-        KernelTrial(plain, plain, stored_kernels(stored), record, config.cache_dir, key).settle(
-            False, stored_measured(stored)
-        )
-        return plain  # the kernels lost here before: they are not compiled again
+    used: list[str] = []
     try:
-        with torch._functorch.config.patch(enable_autograd_cache=False):
-            inlined = compile_fx(
-                gm,
-                list(example_inputs),
-                inner_compile=inner,
-                config_patches={"triton.cudagraphs": lead.capture},
-                decompositions=kernel_decompositions(used),
-            )
+        inlined = _compile_fx(gm, example_inputs, inner, lead, kernel_decompositions(used))
     except Exception as error:  # the plain graph serves; explain says why
-        detail = f"{type(error).__name__}: {error}".splitlines()[0][:200]
-        trial = KernelTrial(plain, plain, used, record, config.cache_dir, key)
-        trial.settle(False, {}, f"kernels/ inlined failed to compile: {detail}")
+        record.settle(used, False, {}, f"kernels/ inlined failed to compile: {error_line(error)}")
         return plain
     if not used:
         return plain  # no softmax or layer norm that the kernels take
-    assert callable(inlined), "compile_fx returns a callable outside ahead-of-time compilation"
     trial = KernelTrial(plain, inlined, used, record, config.cache_dir, key)
     if stored is not None:
         trial.settle(True, stored_measured(stored))
     return trial
+
+
+def _served(compiled: Any, region: Region, config: Config) -> Any:
+    """What serves inductor's compile of ``region``: its outputs copied out of the
+    CUDA graph's pool where it is captured, unless the user asked for reduce-overhead."""
+    if region.route == CUDAGRAPHS and not config.reduce_overhead:
+        return _outputs_survive(compiled)
+    return compiled
 
 
 class PlanningInnerCompile:
@@ -228,9 +237,7 @@ class PlanningInnerCompile:
         log.info(
             "graph %d (%s): %s -> %s (inductor's own compile)", plan.graph, kind, region.name, region.route
         )
-        if region.route == CUDAGRAPHS and not config.reduce_overhead:
-            return _outputs_survive(compiled)
-        return compiled
+        return _served(compiled, region, config)
 
 
 def whole_graph_plan(
@@ -294,7 +301,7 @@ def _without_inductor(plan: GraphPlan, config: Config, error: Exception) -> Conf
     """Settings for planning ``plan``'s graph again on the rule's other routes,
     after inductor failed to compile it; warns once for the graph."""
     region = plan.regions[0]
-    detail = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+    detail = error_line(error, 300)
     # Wrapping routes stay out: a routes list of ("eager", "cudagraphs") would force cudagraphs.
     others = tuple(
         r for order in plan.route_order.values() for r in order if r != INDUCTOR and not registry.get(r).wraps

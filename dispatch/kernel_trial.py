@@ -33,6 +33,8 @@ import torch.fx
 from .autotune import check_close, format_seconds, median_call_s
 from .cache import ArtifactCache, region_key
 from .config import Config
+from .errors import error_line
+from .planner import availability
 from .region import Region
 from .routes.registry import registry
 from .routes.triton_checks import FLOATS
@@ -51,13 +53,15 @@ def trials_kernels(config: Config, device: str) -> bool:
     if not config.autotune or not config.allows(TRITON):
         return False
     route = registry.get(TRITON)
-    return route.available().ok and route.serves_device(device)
+    return availability(route).ok and route.serves_device(device)
 
 
 def kernel_decompositions(used: list[str]) -> dict[Any, Callable[..., Any]]:
     """Inductor's decomposition table, with softmax and layer norm decomposed into
     their kernels' ops where the kernel takes the inputs (their names go to ``used``)."""
     from torch._inductor.decomposition import select_decomp_table
+
+    from .kernels.layer_norm import stats_dtype_for
 
     table = dict(select_decomp_table())
     ops = kernel_ops()
@@ -75,8 +79,7 @@ def kernel_decompositions(used: list[str]) -> dict[Any, Callable[..., Any]]:
         if not takes or any(t is not None and (t.dtype != x.dtype or not _rows(t)) for t in (weight, bias)):
             return plain_layer_norm(x, shape, weight, bias, eps)
         used.append("layer_norm")
-        half = x.dtype in (torch.float16, torch.bfloat16) and x.device.type == "cuda"
-        return ops["layer_norm"](x, list(shape), weight, bias, eps, torch.float32 if half else x.dtype)
+        return ops["layer_norm"](x, list(shape), weight, bias, eps, stats_dtype_for(x))
 
     table[softmax], table[layer_norm] = softmax_kernel, layer_norm_kernel
     return table
@@ -130,6 +133,14 @@ class TrialRecord:
     def outcome(self) -> list[Region]:
         return [self.region]
 
+    def settle(
+        self, kernels: Sequence[str], inlined: bool, measured: dict[str, str], failure: str | None = None
+    ) -> None:
+        """Record the trial's outcome (``decided``) and say it in the log."""
+        self.region = decided(self.region, kernels, inlined, measured, failure)
+        outcome = "inlined" if inlined else self.region.rejected[TRITON]
+        log.info("graph %d: kernels/ %s", self.region.graph, outcome)
+
 
 class KernelTrial:
     """A Dynamo graph's program: inductor's as it is (``plain``) or with the kernels
@@ -165,7 +176,7 @@ class KernelTrial:
             expected = [o.clone() if isinstance(o, torch.Tensor) else o for o in _flat(plain(*args))]
             check_close(expected, _flat(inlined(*args)))
         except Exception as error:  # a failing candidate loses; it never breaks the graph
-            self.settle(False, {}, f"kernels/ inlined in inductor's graph failed: {_detail(error)}")
+            self.settle(False, {}, f"kernels/ inlined in inductor's graph failed: {error_line(error)}")
             return
         seconds = median_call_s({"plain": plain, "inlined": inlined}, args)
         wins = seconds["inlined"] < seconds["plain"]
@@ -180,17 +191,11 @@ class KernelTrial:
     def settle(self, inlined: bool, measured: dict[str, str], failure: str | None = None) -> None:
         """Serve the winner from now on, and record why."""
         self.chosen = self.inlined if inlined else self.plain
-        self.record.region = decided(self.record.region, self.kernels, inlined, measured, failure)
-        region = self.record.region
-        log.info("graph %d: kernels/ %s", region.graph, "inlined" if inlined else region.rejected[TRITON])
+        self.record.settle(self.kernels, inlined, measured, failure)
 
 
 def _flat(out: Any) -> list[Any]:
     return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
-def _detail(error: Exception) -> str:
-    return f"{type(error).__name__}: {error}".splitlines()[0][:200]
 
 
 def decided(

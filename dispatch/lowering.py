@@ -28,7 +28,7 @@ from torch.utils import _pytree as pytree
 from .autotune import check_close
 from .cache import ArtifactCache, inductor_cache, using
 from .config import Config
-from .errors import LoweringError
+from .errors import LoweringError, error_line
 from .inspect import GRAPH_INFERENCE, META_STATIC, META_VAL, first_device, marked_static_positions, op_name
 from .planner import plan_graph
 from .program import LoweredProgram, LoweredRegion, ProgramSignature
@@ -102,7 +102,7 @@ def _export(
             table = onnx_friendly() if for_onnx else torch.export.default_decompositions()
             exported = exported.run_decompositions(table)
     except Exception as error:
-        detail = f"{type(error).__name__}: {error}".splitlines()[0][:400]
+        detail = error_line(error, 400)
         hint = ""
         if "cache_utils" in detail:  # a transformers decoder returning its KV cache object
             hint = "pass use_cache=False (or set model.config.use_cache = False) so that no cache object is returned, or "

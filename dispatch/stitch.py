@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .autotune import check_close, format_seconds, measure
 from .cache import ArtifactCache, inductor_cache, region_key, using
 from .config import Config
-from .errors import RouteFailedError
+from .errors import RouteFailedError, error_line
 from .planner import fallback_advice
 from .region import GraphPlan, Region, RegionRun
 from .routes import CompiledFn, WrappingRoute, registry
@@ -269,7 +269,7 @@ class RegionRunner:
         """Drop the failed route: warn once and go on with the next, or raise under strict."""
         failed = self.chain.pop(0)
         plan, run = self.plan, self.run
-        detail = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        detail = error_line(error, 300)
         run.rejected[failed] = f"{stage} failed: {detail}"
         ops = ", ".join(plan.ops[:4]) + ("..." if len(plan.ops) > 4 else "")
         where = f"region {plan.name} of graph {plan.graph} ({len(plan.ops)} op kinds: {ops}) on {', '.join(sorted(plan.devices))}"

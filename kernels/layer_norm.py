@@ -83,9 +83,7 @@ def layer_norm(
     n_cols = math.prod(normalized)
     x2 = as_rows(x, n_cols)
     rows = x2.shape[0]
-    if stats_dtype is None:
-        half = x.dtype in (torch.float16, torch.bfloat16)
-        stats_dtype = torch.float32 if half and x.device.type == "cuda" else x.dtype
+    stats_dtype = stats_dtype or stats_dtype_for(x)
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     stat_shape = tuple(x.shape[: x.dim() - len(normalized)]) + (1,) * len(normalized)
     mean = torch.empty(stat_shape, dtype=stats_dtype, device=x.device)
@@ -112,6 +110,13 @@ def layer_norm(
                 num_warps=warps,
             )
     return out.view(x.shape), mean, rstd
+
+
+def stats_dtype_for(x: torch.Tensor) -> torch.dtype:
+    """The dtype of ``torch.native_layer_norm``'s mean and rstd for ``x``: float32 on
+    CUDA for half inputs, the input's dtype otherwise."""
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    return torch.float32 if half and x.device.type == "cuda" else x.dtype
 
 
 def reference(x, normalized_shape, weight=None, bias=None, eps=1e-5):
