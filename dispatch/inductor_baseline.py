@@ -47,9 +47,13 @@ from .inspect import (
     needs_gradients,
 )
 from .kernel_trial import (
+    FAMILIES,
     KernelTrial,
     TrialRecord,
+    candidate_families,
+    families_of,
     kernel_decompositions,
+    stored_chosen,
     stored_decision,
     stored_kernels,
     stored_measured,
@@ -155,32 +159,61 @@ def _with_kernel_trial(
     plain: Callable[..., Any],
     record: TrialRecord,
 ) -> Callable[..., Any]:
-    """``plain``, or a ``KernelTrial`` of it against ``gm`` compiled with the
-    kernels/ decomposed into it (``kernel_trial.py``)."""
+    """``plain``, or a ``KernelTrial`` of it against ``gm`` compiled with kernel
+    families of kernels/ decomposed into it (``kernel_trial.py``); on a warm
+    start, the program the stored decision names."""
     from torch._inductor.compile_fx import compile_fx_inner
-
-    key = trial_key(gm, example_inputs)
-    stored = stored_decision(config.cache_dir, key)
-    if stored is not None and not stored["inlined"]:
-        record.settle(stored_kernels(stored), False, stored_measured(stored))
-        return plain  # the kernels lost here before: they are not compiled again
 
     def inner(graph: torch.fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
         with COMPILE_LOCK, inductor_cache(config.cache_dir):
             return _served(compile_fx_inner(graph, inputs, **kwargs), record.region, config)
 
-    used: list[str] = []
+    def inlined(families: Sequence[str]) -> tuple[Callable[..., Any], list[str]]:
+        used: list[str] = []
+        graph = copy.deepcopy(gm)  # compile_fx takes ownership of its graph
+        return _compile_fx(graph, example_inputs, inner, lead, kernel_decompositions(used, families)), used
+
+    key = trial_key(gm, example_inputs)
+    stored = stored_decision(config.cache_dir, key)
+    if stored is not None:
+        return _stored_choice(stored, plain, record, inlined)
     try:
-        inlined = _compile_fx(gm, example_inputs, inner, lead, kernel_decompositions(used))
+        every, used = inlined(FAMILIES)
     except Exception as error:  # the plain graph serves; explain says why
-        record.settle(used, False, {}, f"kernels/ inlined failed to compile: {error_line(error)}")
+        record.settle([], (), {}, f"kernels/ inlined failed to compile: {error_line(error)}")
         return plain
     if not used:
         return plain  # no softmax or layer norm that the kernels take
-    trial = KernelTrial(plain, inlined, used, record, config.cache_dir, key)
-    if stored is not None:
-        trial.settle(True, stored_measured(stored))
-    return trial
+    candidates = {families_of(used): every}
+    for families in candidate_families(used)[1:]:
+        try:
+            candidates[families] = inlined(families)[0]
+        except Exception as error:  # that family alone is not tried
+            log.info("kernels/ %s inlined failed to compile: %s", ", ".join(families), error_line(error))
+    return KernelTrial(plain, candidates, used, record, config.cache_dir, key)
+
+
+def _stored_choice(
+    stored: dict[str, Any],
+    plain: Callable[..., Any],
+    record: TrialRecord,
+    inlined: Callable[[Sequence[str]], tuple[Callable[..., Any], list[str]]],
+) -> Callable[..., Any]:
+    """The program a stored decision names: inductor's own, where every family lost
+    (nothing more is compiled), or the graph with the families that won."""
+    chosen, measured = stored_chosen(stored), stored_measured(stored)
+    if not chosen:
+        record.settle(stored_kernels(stored), (), measured)
+        return plain
+    try:
+        program, used = inlined(chosen)
+    except Exception as error:  # no times: they were taken of a program that no longer compiles
+        record.settle(
+            stored_kernels(stored), (), {}, f"kernels/ inlined failed to compile: {error_line(error)}"
+        )
+        return plain
+    record.settle(used, chosen, measured)
+    return program
 
 
 def _served(compiled: Any, region: Region, config: Config) -> Any:

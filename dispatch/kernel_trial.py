@@ -1,17 +1,20 @@
 """Hand kernels inside inductor's graph, kept only where the whole graph runs faster with them.
 
 Under autotune, a Dynamo graph that inductor compiles whole (CUDA inference;
-on CPU only under the Triton interpreter, for tests) is compiled by inductor a
-second time with a decomposition table in which softmax and layer norm become
-the ops of their ``kernels/`` (``routes/triton_ops.py``) wherever the kernel
-takes their inputs; inductor calls them as extern kernels inside its one
-graph, fusing the ops around them, captured alike. The first call with real
-inputs checks the second program against the first and times both in turn on
-those inputs (``autotune.median_call_s``, the device synchronised); the faster
-serves every later call, and ``explain`` shows both times. So a kernel is judged
-by what it does to the whole graph, the fusions it breaks included, never by
-itself. The decision is stored in the persistent cache: a warm start measures
-nothing, and compiles the kernels' graph only where it won.
+on CPU only under the Triton interpreter, for tests) is compiled by inductor
+again with a decomposition table in which softmax and layer norm become the
+ops of their ``kernels/`` (``routes/triton_ops.py``) wherever the kernel takes
+their inputs; inductor calls them as extern kernels inside its one graph,
+fusing the ops around them, captured alike. A graph that holds both families
+is also compiled with each family alone: on an H100 the softmax kernel beat
+inductor's and the layer norm kernel lost to it, so all-or-nothing would
+throw the winner away with the loser. The first call with real inputs checks
+each program against inductor's own and times them all in turn on those
+inputs (``autotune.median_call_s``, the device synchronised); the fastest
+serves every later call, and ``explain`` shows every time. So a kernel is
+judged by what it does to the whole graph, the fusions it breaks included,
+never by itself. The decision is stored in the persistent cache: a warm start
+measures nothing, and compiles only the families that won.
 
 Why a decomposition table and not the triton route's pattern matcher: inductor
 decomposes ``_softmax`` and ``native_layer_norm`` while AOTAutograd traces, so
@@ -45,6 +48,8 @@ aten = torch.ops.aten
 
 TRITON = "triton"
 _KIND = "kernel_trial"  # the persistent cache's entries of decisions
+#: the kernel families that replace one aten op each, in the order they are reported
+FAMILIES = ("softmax", "layer_norm")
 
 
 def trials_kernels(config: Config, device: str) -> bool:
@@ -56,9 +61,12 @@ def trials_kernels(config: Config, device: str) -> bool:
     return availability(route).ok and route.serves_device(device)
 
 
-def kernel_decompositions(used: list[str]) -> dict[Any, Callable[..., Any]]:
-    """Inductor's decomposition table, with softmax and layer norm decomposed into
-    their kernels' ops where the kernel takes the inputs (their names go to ``used``)."""
+def kernel_decompositions(
+    used: list[str], families: Sequence[str] = FAMILIES
+) -> dict[Any, Callable[..., Any]]:
+    """Inductor's decomposition table, with the ``families`` among softmax and layer
+    norm decomposed into their kernels' ops where the kernel takes the inputs
+    (each op so decomposed appends its family's name to ``used``)."""
     from torch._inductor.decomposition import select_decomp_table
 
     from .kernels.layer_norm import stats_dtype_for
@@ -69,13 +77,15 @@ def kernel_decompositions(used: list[str]) -> dict[Any, Callable[..., Any]]:
     plain_softmax, plain_layer_norm = table[softmax], table[layer_norm]
 
     def softmax_kernel(x: torch.Tensor, dim: int, half_to_float: bool) -> Any:
-        if half_to_float or not _rows(x) or dim not in (-1, x.dim() - 1):
+        if "softmax" not in families or half_to_float or not _rows(x) or dim not in (-1, x.dim() - 1):
             return plain_softmax(x, dim, half_to_float)
         used.append("softmax")
         return ops["softmax"](x)
 
     def layer_norm_kernel(x: torch.Tensor, shape: list[int], weight: Any, bias: Any, eps: float) -> Any:
-        takes = _rows(x) and tuple(x.shape[x.dim() - len(shape) :]) == tuple(shape)
+        takes = (
+            "layer_norm" in families and _rows(x) and tuple(x.shape[x.dim() - len(shape) :]) == tuple(shape)
+        )
         if not takes or any(t is not None and (t.dtype != x.dtype or not _rows(t)) for t in (weight, bias)):
             return plain_layer_norm(x, shape, weight, bias, eps)
         used.append("layer_norm")
@@ -105,8 +115,15 @@ def trial_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str:
 
 
 def stored_decision(cache_dir: Path, key: str) -> dict[str, Any] | None:
+    """The decision stored for ``key``; None where there is none, or where an
+    older dispatch stored one choice for every family together."""
     record = ArtifactCache(cache_dir).get_json(_KIND, key)
-    return record if isinstance(record, dict) and isinstance(record.get("inlined"), bool) else None
+    return record if isinstance(record, dict) and isinstance(record.get("chosen"), list) else None
+
+
+def stored_chosen(stored: dict[str, Any]) -> tuple[str, ...]:
+    """The families that won, as a stored decision names them (known names only)."""
+    return families_of([str(name) for name in stored["chosen"]])
 
 
 def stored_measured(stored: dict[str, Any]) -> dict[str, str]:
@@ -117,6 +134,18 @@ def stored_measured(stored: dict[str, Any]) -> dict[str, str]:
 def stored_kernels(stored: dict[str, Any]) -> list[str]:
     kernels = stored.get("kernels")
     return [str(k) for k in kernels] if isinstance(kernels, list) else []
+
+
+def families_of(kernels: Sequence[str]) -> tuple[str, ...]:
+    """The families among ``kernels`` (a family's name per op decomposed), in report order."""
+    return tuple(family for family in FAMILIES if family in kernels)
+
+
+def candidate_families(kernels: Sequence[str]) -> list[tuple[str, ...]]:
+    """What to try beside inductor's graph as it is: every family the graph holds
+    together and, where it holds several, each family alone."""
+    every = families_of(kernels)
+    return [every, *((family,) for family in every)] if len(every) > 1 else [every]
 
 
 def summary(kernels: Sequence[str]) -> str:
@@ -134,22 +163,28 @@ class TrialRecord:
         return [self.region]
 
     def settle(
-        self, kernels: Sequence[str], inlined: bool, measured: dict[str, str], failure: str | None = None
+        self,
+        kernels: Sequence[str],
+        chosen: Sequence[str],
+        measured: dict[str, str],
+        failure: str | None = None,
     ) -> None:
         """Record the trial's outcome (``decided``) and say it in the log."""
-        self.region = decided(self.region, kernels, inlined, measured, failure)
-        outcome = "inlined" if inlined else self.region.rejected[TRITON]
-        log.info("graph %d: kernels/ %s", self.region.graph, outcome)
+        self.region = decided(self.region, kernels, chosen, measured, failure)
+        outcome = [f"inlined: {', '.join(chosen)}"] if chosen else []
+        outcome += [self.region.rejected[TRITON]] if TRITON in self.region.rejected else []
+        log.info("graph %d: kernels/ %s", self.region.graph, "; ".join(outcome))
 
 
 class KernelTrial:
-    """A Dynamo graph's program: inductor's as it is (``plain``) or with the kernels
-    inlined (``inlined``), whichever ran faster on the first real inputs."""
+    """A Dynamo graph's program: inductor's as it is (``plain``) or one of the programs
+    with some kernel families inlined (``inlined``, by family), whichever ran
+    fastest on the first real inputs."""
 
     def __init__(
         self,
         plain: Callable[..., Any],
-        inlined: Callable[..., Any],
+        inlined: dict[tuple[str, ...], Callable[..., Any]],
         kernels: list[str],
         record: TrialRecord,
         cache_dir: Path,
@@ -170,28 +205,45 @@ class KernelTrial:
         return self.chosen(*args)
 
     def _decide(self, args: Sequence[Any]) -> None:
-        plain, inlined = self.plain, self.inlined
         region = self.record.region
         try:
-            expected = [o.clone() if isinstance(o, torch.Tensor) else o for o in _flat(plain(*args))]
-            check_close(expected, _flat(inlined(*args)))
-        except Exception as error:  # a failing candidate loses; it never breaks the graph
-            self.settle(False, {}, f"kernels/ inlined in inductor's graph failed: {error_line(error)}")
+            expected = [o.clone() if isinstance(o, torch.Tensor) else o for o in _flat(self.plain(*args))]
+        except Exception as error:  # inductor's own program raises: the user sees it on the call
+            self.settle((), {}, f"inductor's graph failed before the kernels were tried: {error_line(error)}")
             return
-        seconds = median_call_s({"plain": plain, "inlined": inlined}, args)
-        wins = seconds["inlined"] < seconds["plain"]
-        measured = {
-            region.inner_route or region.route: format_seconds(seconds["plain"]),
-            f"{TRITON} ({summary(self.kernels)} inlined)": format_seconds(seconds["inlined"]),
-        }
-        record = {"inlined": wins, "measured": measured, "kernels": self.kernels}
+        candidates: dict[str, Callable[..., Any]] = {PLAIN: self.plain}
+        labels: dict[str, tuple[str, ...]] = {}
+        failures = []
+        for families, program in self.inlined.items():
+            name = ", ".join(families)
+            try:
+                check_close(expected, _flat(program(*args)))
+            except Exception as error:  # a failing candidate loses; it never breaks the graph
+                failures.append(f"{name} inlined in inductor's graph failed: {error_line(error)}")
+                continue
+            candidates[name], labels[name] = program, families
+        failure = "; ".join(failures) or None
+        if not labels:
+            self.settle((), {}, failure)
+            return
+        seconds = median_call_s(candidates, args)
+        fastest = min(seconds, key=seconds.__getitem__)  # inductor's own graph wins a tie
+        chosen = labels.get(fastest, ())
+        measured = {region.inner_route or region.route: format_seconds(seconds[PLAIN])}
+        for name, families in labels.items():
+            ops = [kernel for kernel in self.kernels if kernel in families]
+            measured[f"{TRITON} ({summary(ops)} inlined)"] = format_seconds(seconds[name])
+        record = {"chosen": list(chosen), "measured": measured, "kernels": self.kernels}
         ArtifactCache(self.cache_dir).put_json(_KIND, self.key, record)
-        self.settle(wins, measured)
+        self.settle(chosen, measured, failure)
 
-    def settle(self, inlined: bool, measured: dict[str, str], failure: str | None = None) -> None:
+    def settle(self, chosen: tuple[str, ...], measured: dict[str, str], failure: str | None = None) -> None:
         """Serve the winner from now on, and record why."""
-        self.chosen = self.inlined if inlined else self.plain
-        self.record.settle(self.kernels, inlined, measured, failure)
+        self.chosen = self.inlined[chosen] if chosen else self.plain
+        self.record.settle(self.kernels, chosen, measured, failure)
+
+
+PLAIN = "plain"  # inductor's graph as it is, among the candidates timed
 
 
 def _flat(out: Any) -> list[Any]:
@@ -201,17 +253,18 @@ def _flat(out: Any) -> list[Any]:
 def decided(
     region: Region,
     kernels: Sequence[str],
-    inlined: bool,
+    chosen: Sequence[str],
     measured: dict[str, str],
     failure: str | None = None,
 ) -> Region:
-    """``region`` with the trial's outcome: the times, and why triton's kernels are not in its graph."""
+    """``region`` with the trial's outcome: the times, the families inlined, and why
+    triton's kernels are not in its graph (none won, or a candidate failed)."""
     rejected = {k: v for k, v in region.rejected.items() if k != TRITON}
-    if failure is not None:
-        rejected[TRITON] = failure
-    elif not inlined:
-        rejected[TRITON] = (
-            f"kernels/ ({summary(kernels)}) inlined in inductor's graph measured slower as a whole graph"
-        )
-    ops = region.ops if not inlined else (*(f"{TRITON}:{k}" for k in dict.fromkeys(kernels)), *region.ops)
+    reasons = [failure] if failure else []
+    if not chosen and (measured or not reasons):
+        slower = f"kernels/ ({summary(kernels)}) inlined in inductor's graph measured slower as a whole graph"
+        reasons.insert(0, slower)
+    if reasons:
+        rejected[TRITON] = "; ".join(reasons)
+    ops = (*(f"{TRITON}:{family}" for family in chosen), *region.ops)
     return replace(region, rejected=rejected, measured=dict(measured), ops=tuple(ops))

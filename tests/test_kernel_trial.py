@@ -32,7 +32,7 @@ def kernel_calls(monkeypatch):
     import dispatch.kernels.layer_norm as layer_norm
     import dispatch.kernels.softmax as softmax
 
-    calls = {"softmax": 0, "layer_norm": 0, "timed": 0, "faster": "inlined"}
+    calls = {"softmax": 0, "layer_norm": 0, "timed": 0, "faster": "softmax, layer_norm"}
     for module, name in ((softmax, "softmax"), (layer_norm, "layer_norm")):
         kernel = getattr(module, name)
 
@@ -44,6 +44,7 @@ def kernel_calls(monkeypatch):
 
     def timed(candidates, args):
         calls["timed"] += 1
+        calls["candidates"] = sorted(candidates)
         return {name: 1e-3 if name == calls["faster"] else 2e-3 for name in candidates}
 
     monkeypatch.setattr(kernel_trial, "median_call_s", timed)
@@ -68,11 +69,44 @@ def test_kernels_measured_faster_run_inside_inductors_graph(kernel_calls):
     assert region.route == "inductor"
     assert region.ops[:2] == ("triton:softmax", "triton:layer_norm")
     assert "triton" not in region.rejected
-    assert region.measured == {"inductor": "2.00 ms", "triton (softmax, layer_norm inlined)": "1.00 ms"}
-    # the check against the plain graph, then the first call and the second: the
-    # trial's timed calls are replaced
-    assert kernel_calls["softmax"] == kernel_calls["layer_norm"] == 3
+    assert region.measured == {
+        "inductor": "2.00 ms",
+        "triton (softmax, layer_norm inlined)": "1.00 ms",
+        "triton (softmax inlined)": "2.00 ms",
+        "triton (layer_norm inlined)": "2.00 ms",
+    }
+    # each family together and alone, timed in one trial
     assert kernel_calls["timed"] == 1
+    assert kernel_calls["candidates"] == ["layer_norm", "plain", "softmax", "softmax, layer_norm"]
+    # the check of each candidate against the plain graph (together, then alone),
+    # then the first call and the second: the trial's timed calls are replaced
+    assert kernel_calls["softmax"] == kernel_calls["layer_norm"] == 4
+
+
+def test_a_family_that_wins_alone_is_inlined_alone(kernel_calls):
+    kernel_calls["faster"] = "softmax"
+    region = _run(TRIED, torch.randn(4, 16))
+    assert region.ops[0] == "triton:softmax"
+    assert "triton:layer_norm" not in region.ops
+    assert "triton" not in region.rejected
+    assert region.measured["triton (softmax inlined)"] == "1.00 ms"
+    assert region.measured["triton (softmax, layer_norm inlined)"] == "2.00 ms"
+    # layer norm ran in the checks only (together, alone), never in the calls served after
+    assert kernel_calls["layer_norm"] == 2
+    assert kernel_calls["softmax"] == 4
+
+
+def test_a_family_with_wrong_numbers_loses_and_the_other_is_still_tried(kernel_calls, monkeypatch):
+    import dispatch.kernels.softmax as softmax
+
+    monkeypatch.setattr(softmax, "softmax", lambda x, *args, **kwargs: torch.zeros_like(x))
+    kernel_calls["faster"] = "layer_norm"
+    region = _run(TRIED, torch.randn(4, 16))  # outputs checked against eager there
+    assert region.ops[0] == "triton:layer_norm"
+    assert "triton:softmax" not in region.ops
+    assert "softmax inlined in inductor's graph failed" in region.rejected["triton"]
+    # the candidates holding the broken kernel were never timed
+    assert kernel_calls["candidates"] == ["layer_norm", "plain"]
 
 
 def test_kernels_measured_slower_leave_inductors_graph_as_it_is(kernel_calls):
@@ -81,7 +115,7 @@ def test_kernels_measured_slower_leave_inductors_graph_as_it_is(kernel_calls):
     assert not any(op.startswith("triton:") for op in region.ops)
     assert "measured slower as a whole graph" in region.rejected["triton"]
     assert region.measured["triton (softmax, layer_norm inlined)"] == "2.00 ms"
-    assert kernel_calls["softmax"] == 1  # the check against the plain graph, then never again
+    assert kernel_calls["softmax"] == 2  # the checks against the plain graph, then never again
 
 
 def test_a_warm_start_takes_the_stored_decision(kernel_calls):
@@ -112,19 +146,27 @@ def test_without_autotune_no_kernel_is_tried(kernel_calls):
     assert not region.measured and "triton" not in region.measured
 
 
-def test_kernels_that_lost_are_not_compiled_on_a_warm_start(kernel_calls, monkeypatch):
+@pytest.mark.parametrize("faster", ["plain", "layer_norm"])
+def test_a_warm_start_compiles_only_the_families_that_won(kernel_calls, monkeypatch, faster):
     import dispatch.inductor_baseline as inductor_baseline
 
-    kernel_calls["faster"] = "plain"
+    kernel_calls["faster"] = faster
     built = []
     tables = inductor_baseline.kernel_decompositions
-    monkeypatch.setattr(
-        inductor_baseline, "kernel_decompositions", lambda used: built.append(1) or tables(used)
-    )
+
+    def counted(used, families):
+        built.append(tuple(families))
+        return tables(used, families)
+
+    monkeypatch.setattr(inductor_baseline, "kernel_decompositions", counted)
     x = torch.randn(4, 16)
     first = _run(TRIED, x)
+    assert built == [("softmax", "layer_norm"), ("softmax",), ("layer_norm",)]
+    built.clear()
     torch._dynamo.reset()
     second = _run(TRIED, x)
-    assert built == [1]  # the second compile read the decision and compiled inductor's graph only
-    assert second.rejected["triton"] == first.rejected["triton"]
+    # the second compile read the decision: inductor's graph, and the winner's only
+    assert built == ([] if faster == "plain" else [("layer_norm",)])
+    assert second.rejected.get("triton") == first.rejected.get("triton")
     assert second.measured == first.measured
+    assert second.ops == first.ops
