@@ -1,5 +1,6 @@
 """End to end through torch.compile(backend="auto") on CPU."""
 
+import logging
 import os
 import re
 import subprocess
@@ -284,7 +285,7 @@ def test_ort_workers_stop_spinning_when_a_run_returns(monkeypatch, rows, one_thr
     (a model with graph breaks ran 20x slower than eager); every session, a lone
     region's too, stops its workers spinning as its run returns. A region with
     too little work for a thread pool (2 MFLOP at 64 rows) runs on one thread;
-    17 MFLOP at 512 rows keeps the pool."""
+    17 MFLOP at 512 rows starts on the pool (``onnx_threads.py``)."""
     import onnxruntime
 
     opened = []
@@ -302,6 +303,32 @@ def test_ort_workers_stop_spinning_when_a_run_returns(monkeypatch, rows, one_thr
     for options in opened:
         assert options.get_session_config_entry("session.force_spinning_stop") == "1"
         assert (options.intra_op_num_threads == 1) == one_thread
+
+
+def test_a_mid_sized_region_keeps_the_thread_count_measured_in_place(monkeypatch, caplog):
+    """17 MFLOP between torch ops: the first calls run on ORT's pool and on one thread
+    in turn, every output right, and each region then keeps one of them."""
+    import onnxruntime
+
+    from dispatch.routes.onnx_threads import TRIAL_CALLS, WARM_CALLS
+
+    threads = []
+    real = onnxruntime.InferenceSession
+
+    def recording(model, options=None, **kwargs):
+        threads.append(options.intra_op_num_threads)
+        return real(model, options, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", recording)
+    monkeypatch.setenv("DISPATCH_LOG", "info")
+    model, x = GraphBreak().eval(), torch.randn(512, 128)
+    compiled = torch.compile(model, backend="auto")
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="dispatch"):
+        for _ in range(2 * (WARM_CALLS + TRIAL_CALLS) + 2):
+            torch.testing.assert_close(compiled(x), model(x))
+    assert sorted(threads) == [0, 0, 1, 1]  # per Dynamo graph: the pool, then one thread
+    kept = [r.getMessage() for r in caplog.records if "runs measured in place" in r.getMessage()]
+    assert len(kept) == 2, kept
 
 
 def test_a_buffer_the_model_updates_is_not_baked_into_the_onnx_region(onnx_exports):

@@ -32,7 +32,6 @@ from ..inspect import (
     marked_static_positions,
     tensor_values,
 )
-from ..work import estimated_flops
 from .base import (
     Availability,
     CompiledFn,
@@ -45,18 +44,12 @@ from .base import (
 from .onnx_export import export_region, fed_positions
 from .onnx_model import OnnxModel
 from .onnx_ops import translatable
+from .onnx_threads import ONE, POOL, TRIAL, ThreadCountTrial, thread_plan
 from .registry import registry
 
 log = logging.getLogger("dispatch")
 
 _NO_NUMPY_DTYPE = (torch.bfloat16, torch.complex32)
-SMALL_REGION_NUMEL = 4096
-# Below this many estimated flops a region runs ORT on one thread: waking the
-# pool for each run costs more than it parallelises. Measured crossover on two
-# AVX-512 cores: 8-9 MFLOP for chains of Linear and of Conv2d alike (one thread
-# 0.61-0.82x at 2-4 MFLOP, 1.28-1.54x at 17-75 MFLOP); set below it, as slower
-# cores cross over earlier (benchmarks/README.md).
-SMALL_REGION_FLOPS = 6_000_000
 _ENTRY_FORMAT = "graph+initializers"  # cache entries of the format of onnx_model.py
 
 
@@ -123,10 +116,12 @@ class OnnxRoute(Route):
         assert args is not None, "preprocess needs the region's real inputs"
         frozen = frozenset(marked_static_positions(gm))
         model = _cached_export(gm, args, frozen)
+        threads = thread_plan(gm, args)
         specs = {
             **compile_specs,
             "device": str(first_device(args)),
-            "small": _small(gm, args),
+            "small": threads == ONE,  # for a dispatch that predates "threads"
+            "threads": threads,
             "fed": fed_positions(args, frozen),
             "bools": _bool_outputs(gm),
         }
@@ -136,9 +131,8 @@ class OnnxRoute(Route):
         model = OnnxModel.from_payload(processed_bytes)
         count = len(_output_values(region.gm))
         device = torch.device(specs["device"])
-        return bound_session(
-            model, device, bool(specs["small"]), list(specs["fed"]), list(specs["bools"]), count
-        )
+        threads = str(specs.get("threads") or (ONE if specs["small"] else POOL))
+        return threaded_session(model, device, threads, list(specs["fed"]), list(specs["bools"]), count)
 
 
 class _FrozenWeightsRunner:
@@ -190,27 +184,42 @@ def _cached_export(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozen
 
 def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> CompiledFn:
     model = _cached_export(gm, args, frozen)
-    return bound_session(
+    return threaded_session(
         model,
         first_device(args),
-        _small(gm, args),
+        thread_plan(gm, args),
         fed_positions(args, frozen),
         _bool_outputs(gm),
         len(_output_values(gm)),
     )
 
 
+def threaded_session(
+    model: OnnxModel,
+    device: torch.device,
+    threads: str,
+    positions: list[int],
+    bools: list[int],
+    output_count: int,
+) -> CompiledFn:
+    """``bound_session`` on the thread count ``threads`` names (``onnx_threads.py``):
+    one thread, the pool, or a trial of both on the first calls (CPU only)."""
+    if threads == TRIAL and device.type == "cpu":
+        return ThreadCountTrial(lambda one: bound_session(model, device, one, positions, bools, output_count))
+    return bound_session(model, device, threads == ONE, positions, bools, output_count)
+
+
 def bound_session(
     model: OnnxModel,
     device: torch.device,
-    small: bool,
+    one_thread: bool,
     positions: list[int],
     bools: list[int],
     output_count: int,
 ) -> _BoundRunner:
     """An ORT session of ``model`` on ``device``, run through IO binding: the region's
     inputs at ``positions`` feed the model's inputs in order; the region has
-    ``output_count`` outputs, booleans at ``bools``. ``small``: one thread (``_small``)."""
+    ``output_count`` outputs, booleans at ``bools``."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -220,7 +229,7 @@ def bound_session(
     # top of the arena: +10 MB resident on the transformer layer after ten calls,
     # for no speed measurable on any benchmark model (benchmarks/README.md).
     options.enable_mem_pattern = False
-    if small:
+    if one_thread:
         options.intra_op_num_threads = 1
     # ORT's workers spin while a run lasts and stop as it returns: left spinning
     # after it, they took the cores from whatever ran next (eager regions,
@@ -328,21 +337,6 @@ class _BoundRunner:
 @functools.cache
 def _np_dtype(dtype: torch.dtype) -> Any:
     return torch.empty((), dtype=dtype).numpy().dtype
-
-
-def _small(gm: torch.fx.GraphModule, args: Sequence[Any]) -> bool:
-    """Whether the region does too little work to repay ORT's thread pool: by its
-    estimated flops, or where a size is symbolic by its largest input."""
-    flops = estimated_flops(gm)
-    if flops is not None:
-        return flops < SMALL_REGION_FLOPS
-    return _largest_numel(args) < SMALL_REGION_NUMEL
-
-
-def _largest_numel(args: Sequence[Any]) -> int:
-    # Real inputs, never the graph's fake values: comparing a symbolic size would
-    # add a guard to Dynamo's shape environment and specialise the graph.
-    return max((t.numel() for t in args if isinstance(t, torch.Tensor)), default=0)
 
 
 def _output_values(gm: torch.fx.GraphModule) -> list[Any]:

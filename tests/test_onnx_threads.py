@@ -1,0 +1,94 @@
+"""How many threads an ORT region runs on: by its work, or measured in place on its first calls."""
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from dispatch.routes.onnx_threads import (
+    ONE,
+    POOL,
+    TRIAL,
+    TRIAL_CALLS,
+    WARM_CALLS,
+    ThreadCountTrial,
+    thread_plan,
+)
+
+TRIAL_LENGTH = 2 * (WARM_CALLS + TRIAL_CALLS)
+
+
+@pytest.mark.parametrize(
+    "rows, plan",
+    [(8, ONE), (64, TRIAL), (2048, POOL)],  # 1, 8.4 and 268 MFLOP
+)
+def test_the_plan_follows_the_regions_work(rows, plan):
+    w = torch.randn(256, 256)
+    gm = make_fx(lambda x: torch.relu(x @ w))(torch.randn(rows, 256))
+    assert thread_plan(gm, [torch.randn(rows, 256)]) == plan
+
+
+def test_a_symbolic_size_is_judged_by_the_largest_input():
+    gm = make_fx(lambda x, w: x @ w, tracing_mode="symbolic")(torch.randn(8, 16), torch.randn(16, 16))
+    assert thread_plan(gm, [torch.randn(8, 16), torch.randn(16, 16)]) == ONE
+    assert thread_plan(gm, [torch.randn(512, 64), torch.randn(64, 64)]) == TRIAL
+
+
+class _Sessions:
+    """Fake sessions on a fake clock: each run costs its side's seconds."""
+
+    def __init__(self, pool_s: float, one_s: float) -> None:
+        self.now, self.cost = 0.0, {False: pool_s, True: one_s}
+        self.built: list[bool] = []
+        self.ran: list[str] = []
+
+    def build(self, one: bool):
+        self.built.append(one)
+
+        def run(x):
+            self.now += self.cost[one]
+            self.ran.append("one" if one else "pool")
+            return x + 1
+
+        return run
+
+
+@pytest.mark.parametrize(
+    "pool_s, one_s, kept",
+    [(50e-6, 100e-6, "pool"), (100e-6, 90e-6, "one"), (95e-6, 100e-6, "one")],  # a near tie: one thread
+)
+def test_the_trial_keeps_the_session_whose_runs_were_faster(pool_s, one_s, kept):
+    sessions = _Sessions(pool_s, one_s)
+    trial = ThreadCountTrial(sessions.build, clock=lambda: sessions.now)
+    for k in range(TRIAL_LENGTH + 5):
+        assert trial(torch.tensor(k)) == k + 1
+    # in turn while measuring, then only the one kept
+    assert sessions.ran[:4] == ["pool", "one", "pool", "one"]
+    assert sessions.ran[TRIAL_LENGTH:] == [kept] * 5
+    assert sessions.built == [False, True]  # each built once, the one-thread session on first use
+    assert trial.sessions == {}  # the other session is dropped
+
+
+def test_the_first_runs_of_each_side_are_not_counted():
+    """A session's first runs pay for its allocations: a slow first pool run must not decide."""
+    sessions = _Sessions(50e-6, 100e-6)
+    cost = sessions.cost
+    real = sessions.build
+
+    def build(one):
+        run = real(one)
+        if one:
+            return run
+
+        calls = []
+
+        def slow_start(x):
+            calls.append(1)
+            cost[False] = 1.0 if len(calls) <= WARM_CALLS else 50e-6
+            return run(x)
+
+        return slow_start
+
+    trial = ThreadCountTrial(build, clock=lambda: sessions.now)
+    for k in range(TRIAL_LENGTH + 1):
+        trial(torch.tensor(k))
+    assert sessions.ran[-1] == "pool"
