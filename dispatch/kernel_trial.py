@@ -50,6 +50,7 @@ TRITON = "triton"
 _KIND = "kernel_trial"  # the persistent cache's entries of decisions
 #: the kernel families that replace one aten op each, in the order they are reported
 FAMILIES = ("softmax", "layer_norm")
+PLAIN = "plain"  # inductor's graph as it is, among the candidates timed
 
 
 def trials_kernels(config: Config, device: str) -> bool:
@@ -241,9 +242,6 @@ class KernelTrial:
         """Serve the winner from now on, and record why."""
         self.chosen = self.inlined[chosen] if chosen else self.plain
         self.record.settle(self.kernels, chosen, measured, failure)
-
-
-PLAIN = "plain"  # inductor's graph as it is, among the candidates timed
 
 
 def _flat(out: Any) -> list[Any]:

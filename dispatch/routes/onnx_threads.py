@@ -78,11 +78,9 @@ class ThreadCountTrial:
     def __init__(
         self,
         build: Callable[[bool], CompiledFn],
-        name: str = "onnxrt region",
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.build = build
-        self.name = name
         self.clock = clock
         self.sessions: dict[bool, CompiledFn] = {False: build(False)}
         self.times: dict[bool, list[float]] = {False: [], True: []}
@@ -113,8 +111,7 @@ class ThreadCountTrial:
         self.chosen = self.sessions[one_thread]
         self.sessions = {}  # the other session's memory goes with it
         log.info(
-            "%s: %s (runs measured in place: pool %.1f µs, one thread %.1f µs)",
-            self.name,
+            "onnxrt region: %s (runs measured in place: pool %.1f µs, one thread %.1f µs)",
             "one ORT thread" if one_thread else "ORT's thread pool",
             pool * 1e6,
             one * 1e6,
