@@ -10,7 +10,7 @@ is also compiled with each family alone: on an H100 the softmax kernel beat
 inductor's and the layer norm kernel lost to it, so all-or-nothing would
 throw the winner away with the loser. The first call with real inputs checks
 each program against inductor's own and times them all in turn on those
-inputs (``autotune.median_call_s``, the device synchronised); the fastest
+inputs (``autotune.measure``, the device synchronised); the fastest
 serves every later call, and ``explain`` shows every time. So a kernel is
 judged by what it does to the whole graph, the fusions it breaks included,
 never by itself. The decision is stored in the persistent cache: a warm start
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from .autotune import check_close, format_seconds, median_call_s
+from .autotune import format_seconds, measure
 from .cache import ArtifactCache, region_key
 from .config import Config
 from .errors import error_line
@@ -207,33 +207,37 @@ class KernelTrial:
 
     def _decide(self, args: Sequence[Any]) -> None:
         region = self.record.region
+        labels = {", ".join(families): families for families in self.inlined}
+        programs = {PLAIN: self.plain, **{name: self.inlined[labels[name]] for name in labels}}
+
+        def expected() -> list[Any]:
+            return [o.clone() if isinstance(o, torch.Tensor) else o for o in _flat(self.plain(*args))]
+
+        def flattened(name: str) -> Callable[..., Any]:
+            program = programs[name]
+            return lambda *a: _flat(program(*a))
+
         try:
-            expected = [o.clone() if isinstance(o, torch.Tensor) else o for o in _flat(self.plain(*args))]
+            tuning = measure(list(programs), flattened, expected, args)
         except Exception as error:  # inductor's own program raises: the user sees it on the call
             self.settle((), {}, f"inductor's graph failed before the kernels were tried: {error_line(error)}")
             return
-        candidates: dict[str, Callable[..., Any]] = {PLAIN: self.plain}
-        labels: dict[str, tuple[str, ...]] = {}
-        failures = []
-        for families, program in self.inlined.items():
-            name = ", ".join(families)
-            try:
-                check_close(expected, _flat(program(*args)))
-            except Exception as error:  # a failing candidate loses; it never breaks the graph
-                failures.append(f"{name} inlined in inductor's graph failed: {error_line(error)}")
-                continue
-            candidates[name], labels[name] = program, families
+        seconds = tuning.seconds
+        failures = [
+            f"{name} inlined in inductor's graph failed: {tuning.reasons[name].removeprefix('not measured: ')}"
+            for name in labels
+            if name not in seconds
+        ]
         failure = "; ".join(failures) or None
-        if not labels:
+        if PLAIN not in seconds or len(seconds) == 1:
             self.settle((), {}, failure)
             return
-        seconds = median_call_s(candidates, args)
-        fastest = min(seconds, key=seconds.__getitem__)  # inductor's own graph wins a tie
-        chosen = labels.get(fastest, ())
+        chosen = labels.get(tuning.best or PLAIN, ())  # inductor's own graph wins a tie
         measured = {region.inner_route or region.route: format_seconds(seconds[PLAIN])}
         for name, families in labels.items():
-            ops = [kernel for kernel in self.kernels if kernel in families]
-            measured[f"{TRITON} ({summary(ops)} inlined)"] = format_seconds(seconds[name])
+            if name in seconds:
+                ops = [kernel for kernel in self.kernels if kernel in families]
+                measured[f"{TRITON} ({summary(ops)} inlined)"] = format_seconds(seconds[name])
         record = {"chosen": list(chosen), "measured": measured, "kernels": self.kernels}
         ArtifactCache(self.cache_dir).put_json(_KIND, self.key, record)
         self.settle(chosen, measured, failure)

@@ -10,6 +10,7 @@ then the centred sum of squares) so long rows stay accurate.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -85,7 +86,7 @@ def layer_norm(
     rows = x2.shape[0]
     stats_dtype = stats_dtype or stats_dtype_for(x)
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    stat_shape = tuple(x.shape[: x.dim() - len(normalized)]) + (1,) * len(normalized)
+    stat_shape = stats_shape(x, normalized)
     mean = torch.empty(stat_shape, dtype=stats_dtype, device=x.device)
     rstd = torch.empty(stat_shape, dtype=stats_dtype, device=x.device)
     if rows and n_cols:
@@ -110,6 +111,12 @@ def layer_norm(
                 num_warps=warps,
             )
     return out.view(x.shape), mean, rstd
+
+
+def stats_shape(x: torch.Tensor, normalized: Sequence[int]) -> tuple[int, ...]:
+    """The shape of ``torch.native_layer_norm``'s mean and rstd: ``x``'s leading
+    dimensions, then a 1 for each normalized one."""
+    return (*x.shape[: x.dim() - len(normalized)], *(1,) * len(normalized))
 
 
 def stats_dtype_for(x: torch.Tensor) -> torch.dtype:

@@ -7,7 +7,7 @@ since interpreted kernels are always slower."""
 import pytest
 import torch
 
-import dispatch.kernel_trial as kernel_trial
+import dispatch.autotune as autotune
 from dispatch.record import recorder
 from tests.conftest import needs_triton
 
@@ -47,7 +47,7 @@ def kernel_calls(monkeypatch):
         calls["candidates"] = sorted(candidates)
         return {name: 1e-3 if name == calls["faster"] else 2e-3 for name in candidates}
 
-    monkeypatch.setattr(kernel_trial, "median_call_s", timed)
+    monkeypatch.setattr(autotune, "median_call_s", timed)
     return calls
 
 
