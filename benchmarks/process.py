@@ -107,10 +107,13 @@ def _calls_per_batch(worker: Worker, batch_s: float) -> int:
     The batch was sized from one early call, which can be far off: on
     Conv-BN-ReLU the lowered column's took 33 ms (3 ms a call later), so its
     batches held 3 calls, the slow first call after each pause weighed as much
-    as the rest, and the column read 1.4x slower than it runs, in two runs."""
+    as the rest, and the column read 1.4x slower than it runs, in two runs.
+    Each size is timed twice and the faster taken: a one-off slow call (a
+    recompile when a data-dependent branch flips) left the graph-break model's
+    compiled training columns at one call a batch, 2.3x slower than they run."""
     n = 1
     while True:
-        per_call = worker.time(n)
+        per_call = min(worker.time(n), worker.time(n))
         if per_call * n >= batch_s / 2 or n >= 5000:
             return max(1, min(5000, int(batch_s / max(per_call, 1e-6))))
         n = min(5000, max(2 * n, int(batch_s / 2 / max(per_call, 1e-6))))
