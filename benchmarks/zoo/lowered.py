@@ -44,9 +44,9 @@ def lower_and_save(name: str, folder: str) -> dict:
 
     import dispatch
 
-    from .models import ZOO
+    from .wider import EVERY_MODEL
 
-    model, inputs = ZOO[name].build()
+    model, inputs = EVERY_MODEL[name].build()
     model.eval()
     no_cache = _without_kv_cache(model)
     with torch.no_grad():
@@ -113,9 +113,9 @@ def eager_time(name: str, seconds: float) -> float:
     """Eager's median call, in a process of its own (the loading process has no model)."""
     import torch
 
-    from .models import ZOO
+    from .wider import EVERY_MODEL
 
-    model, inputs = ZOO[name].build()
+    model, inputs = EVERY_MODEL[name].build()
     model.eval()
     _without_kv_cache(model)
     with torch.no_grad():

@@ -31,6 +31,7 @@ from ..process import Worker, time_in_turn
 from ..run import _fmt_time as format_time
 from .columns import CPU_COLUMNS, CUDA_COLUMNS, TRAIN_COLUMNS
 from .models import ZOO
+from .wider import EVERY_MODEL, WIDER
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 WARM = ("inductor", "auto")
@@ -99,7 +100,7 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
             "peak_mb": peak.get(column),
             "routes": ready.get("routes") or [],
         }
-    return {"model": name, "mode": mode, "source": ZOO[name].source, "cells": cells}
+    return {"model": name, "mode": mode, "source": EVERY_MODEL[name].source, "cells": cells}
 
 
 def summary(rows: list[dict[str, Any]], columns: tuple[str, ...], mode: str) -> dict[str, dict[str, Any]]:
@@ -202,21 +203,23 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(ZOO))
+    parser.add_argument(
+        "--models", default=",".join(ZOO), help="names, comma-separated; 'wider' for the on-demand set"
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--seconds", type=float, default=8.0, help="timing budget per model")
     parser.add_argument("--no-train", action="store_true", help="inference only")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-start processes")
     args = parser.parse_args(argv)
-    names = [m for m in args.models.split(",") if m]
-    unknown = set(names) - set(ZOO)
+    names = [n for m in args.models.split(",") if m for n in (WIDER if m == "wider" else (m,))]
+    unknown = set(names) - set(EVERY_MODEL)
     if unknown:
-        parser.error(f"unknown model(s) {sorted(unknown)}; models: {list(ZOO)}")
+        parser.error(f"unknown model(s) {sorted(unknown)}; models: {list(EVERY_MODEL)}")
     infer_columns = CUDA_COLUMNS if args.device == "cuda" else CPU_COLUMNS
     rows = [run_model(n, "infer", infer_columns, args) for n in names]
     if not args.no_train:
-        rows += [run_model(n, "train", TRAIN_COLUMNS, args) for n in names if ZOO[n].trains]
+        rows += [run_model(n, "train", TRAIN_COLUMNS, args) for n in names if EVERY_MODEL[n].trains]
     columns = {"infer": infer_columns, "train": TRAIN_COLUMNS}
     result = {
         "device": args.device,

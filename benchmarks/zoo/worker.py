@@ -29,7 +29,7 @@ import torch
 from dispatch.record import recorder
 
 from . import columns
-from .models import ZOO
+from .wider import EVERY_MODEL
 
 TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
@@ -88,7 +88,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
     dtype = getattr(torch, dtype_name)
     torch.compile(torch.nn.Linear(2, 2), backend="eager")(torch.ones(1, 2))  # Dynamo's one-off start
     torch._dynamo.reset()
-    model, inputs = ZOO[name].build()
+    model, inputs = EVERY_MODEL[name].build()
     model.train(mode == "train")
     if mode == "train":
         _without_dropout(model)
