@@ -102,12 +102,13 @@ ZOO_WITHOUT_DEPS = ("torchvision==0.28.0", "timm==1.0.31")
 def zoo(session: nox.Session) -> None:
     """Real models (transformers, timm) and real code patterns under every peer and
     auto, then every model through dispatch.lower (saved, loaded in a fresh process);
-    results under benchmarks/results/zoo-*. Arguments go to benchmarks.zoo.run."""
+    results under benchmarks/results/zoo-*. Arguments go to benchmarks.zoo.run; the
+    lowered pass reads its --models and --seconds."""
     install(session, "bench")
     session.install(*ZOO_WITH_DEPS)
     session.install("--no-deps", *ZOO_WITHOUT_DEPS)
     session.run("python", "-m", "benchmarks.zoo.run", *session.posargs)
-    session.run("python", "-m", "benchmarks.zoo.lowered")
+    session.run("python", "-m", "benchmarks.zoo.lowered", *session.posargs)
 
 
 @nox.session(python=PYTHON)

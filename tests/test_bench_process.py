@@ -1,5 +1,7 @@
 """How the benchmarks size their timed batches."""
 
+import pytest
+
 from benchmarks.process import _calls_per_batch
 
 
@@ -26,3 +28,13 @@ def test_a_one_off_slow_call_does_not_size_the_batch():
 
 def test_a_slow_model_gets_batches_of_one_call():
     assert _calls_per_batch(_Worker(per_call_s=0.2, first_s=0.2), batch_s=0.1) == 1
+
+
+def test_the_zoo_names_its_wider_set_and_refuses_unknown_models():
+    from benchmarks.zoo.models import ZOO
+    from benchmarks.zoo.wider import WIDER, model_names
+
+    assert model_names("hf_bert,wider") == ["hf_bert", *WIDER]
+    assert not set(WIDER) & set(ZOO)
+    with pytest.raises(ValueError, match="hf_nonexistent"):
+        model_names("hf_bert,hf_nonexistent")

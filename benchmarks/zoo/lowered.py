@@ -223,12 +223,19 @@ def main() -> None:
         )
         return
     from .models import ZOO
+    from .wider import model_names
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(ZOO))
+    parser.add_argument(
+        "--models", default=",".join(ZOO), help="names, comma-separated; 'wider' for the on-demand set"
+    )
     parser.add_argument("--seconds", type=float, default=3.0)
-    args = parser.parse_args()
-    result = run([m for m in args.models.split(",") if m], args.seconds)
+    args, _ = parser.parse_known_args()  # nox -s zoo passes the zoo run's arguments here too
+    try:
+        names = model_names(args.models)
+    except ValueError as error:
+        parser.error(str(error))
+    result = run(names, args.seconds)
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = RESULTS / f"zoo-lowered-cpu-float32-{stamp}"

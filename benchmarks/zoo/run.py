@@ -31,7 +31,7 @@ from ..process import Worker, time_in_turn
 from ..run import _fmt_time as format_time
 from .columns import CPU_COLUMNS, CUDA_COLUMNS, TRAIN_COLUMNS
 from .models import ZOO
-from .wider import EVERY_MODEL, WIDER
+from .wider import EVERY_MODEL, model_names
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 WARM = ("inductor", "auto")
@@ -212,10 +212,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-train", action="store_true", help="inference only")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-start processes")
     args = parser.parse_args(argv)
-    names = [n for m in args.models.split(",") if m for n in (WIDER if m == "wider" else (m,))]
-    unknown = set(names) - set(EVERY_MODEL)
-    if unknown:
-        parser.error(f"unknown model(s) {sorted(unknown)}; models: {list(EVERY_MODEL)}")
+    try:
+        names = model_names(args.models)
+    except ValueError as error:
+        parser.error(str(error))
     infer_columns = CUDA_COLUMNS if args.device == "cuda" else CPU_COLUMNS
     rows = [run_model(n, "infer", infer_columns, args) for n in names]
     if not args.no_train:

@@ -135,3 +135,13 @@ WIDER: dict[str, ZooModel] = {
 }
 
 EVERY_MODEL: dict[str, ZooModel] = {**ZOO, **WIDER}
+
+
+def model_names(spec: str) -> list[str]:
+    """The models a ``--models`` value names: comma-separated names, where
+    ``wider`` stands for this whole set. Unknown names raise ValueError."""
+    names = [n for m in spec.split(",") if m for n in (WIDER if m == "wider" else (m,))]
+    unknown = sorted(set(names) - set(EVERY_MODEL))
+    if unknown:
+        raise ValueError(f"unknown model(s) {unknown}; models: {list(EVERY_MODEL)}")
+    return names
