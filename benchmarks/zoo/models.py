@@ -26,13 +26,13 @@ class ZooModel:
     trains: bool = False  # also measured as a training step
 
 
-def _tokens(*extra: int) -> tuple[torch.Tensor, ...]:
+def _tokens(*extra: int, batch: int = BATCH, seq: int = SEQ) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
-    return tuple(torch.randint(0, VOCAB, (BATCH, SEQ), generator=g) for _ in range(1 + len(extra)))
+    return tuple(torch.randint(0, VOCAB, (batch, seq), generator=g) for _ in range(1 + len(extra)))
 
 
-def _image() -> tuple[torch.Tensor]:
-    return (torch.randn(BATCH, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(0)),)
+def _image(batch: int = BATCH, size: int = IMAGE) -> tuple[torch.Tensor]:
+    return (torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0)),)
 
 
 def _hf(
@@ -66,13 +66,13 @@ _TEXT_FFN = {**_TEXT, "intermediate_size": 256, "max_position_embeddings": 128}
 _STAGES = {"hidden_sizes": [32, 64, 128, 256], "depths": [1, 1, 1, 1]}
 
 
-def _timm(name: str, **kwargs):
+def _timm(name: str, inputs: Callable[[], tuple[torch.Tensor, ...]] = _image, **kwargs):
     def build():
         _torchvision_without_its_kernels()
         import timm
 
         torch.manual_seed(0)
-        return timm.create_model(name, pretrained=False, **kwargs), _image()
+        return timm.create_model(name, pretrained=False, **kwargs), inputs()
 
     return build
 

@@ -10,28 +10,9 @@ microseconds. Same rules: config objects, random weights, nothing downloaded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import torch
+from functools import partial
 
 from .models import _TEXT_FFN, IMAGE, VOCAB, ZOO, ZooModel, _hf, _image, _timm, _tokens
-
-
-def _token_batch(batch: int, seq: int) -> Callable[[], tuple[torch.Tensor, ...]]:
-    def make() -> tuple[torch.Tensor, ...]:
-        return (torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(0)),)
-
-    return make
-
-
-def _timm_at(name: str, batch: int, size: int):
-    def build():
-        model, _ = _timm(name)()
-        image = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
-        return model, (image,)
-
-    return build
-
 
 _VISION = {
     "hidden_size": 128,
@@ -108,7 +89,7 @@ WIDER: dict[str, ZooModel] = {
             _hf(
                 "BertModel",
                 "BertConfig",
-                _token_batch(4, 128),
+                partial(_tokens, batch=4, seq=128),
                 vocab_size=VOCAB,
                 hidden_size=256,
                 num_hidden_layers=4,
@@ -122,7 +103,7 @@ WIDER: dict[str, ZooModel] = {
             _hf(
                 "GPT2Model",
                 "GPT2Config",
-                _token_batch(4, 128),
+                partial(_tokens, batch=4, seq=128),
                 vocab_size=VOCAB,
                 n_embd=256,
                 n_layer=4,
@@ -130,7 +111,7 @@ WIDER: dict[str, ZooModel] = {
                 n_positions=128,
             ),
         ),
-        ZooModel("timm_resnet18_8x224", "timm", _timm_at("resnet18", 8, 224)),
+        ZooModel("timm_resnet18_8x224", "timm", _timm("resnet18", inputs=partial(_image, batch=8, size=224))),
     )
 }
 
