@@ -36,3 +36,26 @@ def test_float32_is_judged_against_float32_eager():
     fp64, _, fp32 = _runs(torch.float32)
     assert _accurate(fp32, fp64, fp32.clone(), torch.float32)
     assert not _accurate(fp32, fp64, fp32 + 1e-2 * fp32.abs().max(), torch.float32)
+
+
+class _Layer:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys, self.values, self.dtype = keys, values, keys.dtype
+
+
+class _Cache:
+    """Holds its tensors on objects pytree does not open, as transformers' DynamicCache does."""
+
+    def __init__(self, *layers: _Layer) -> None:
+        self.layers = list(layers)
+
+
+def test_a_wrong_kv_cache_fails_as_a_wrong_hidden_state_does():
+    torch.manual_seed(0)
+    hidden, k, v = torch.randn(2, 8), torch.randn(2, 4), torch.randn(2, 4)
+    ref = {"last_hidden_state": hidden, "past_key_values": _Cache(_Layer(k, v))}
+    fp64 = {"last_hidden_state": hidden.double(), "past_key_values": _Cache(_Layer(k.double(), v.double()))}
+    right = {"last_hidden_state": hidden.clone(), "past_key_values": _Cache(_Layer(k.clone(), v.clone()))}
+    wrong = {"last_hidden_state": hidden.clone(), "past_key_values": _Cache(_Layer(k.clone(), v + 1))}
+    assert _accurate(ref, fp64, right, torch.float32)
+    assert not _accurate(ref, fp64, wrong, torch.float32)

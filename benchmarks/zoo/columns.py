@@ -68,8 +68,23 @@ def training(column: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ..
 
 
 def floating_leaves(out: Any) -> list[torch.Tensor]:
-    """Every floating-point tensor in a model's output (ModelOutput, dict, list, tuple)."""
-    if hasattr(out, "to_tuple"):
-        out = out.to_tuple()
-    leaves = torch.utils._pytree.tree_leaves(out)
-    return [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    """Every floating-point tensor in a model's output (ModelOutput, dict, list, tuple),
+    and those held by objects in it: a decoder's KV cache (transformers' ``DynamicCache``
+    keeps its keys and values on per-layer objects that pytree does not open), so a
+    wrong cache fails the accuracy check as a wrong hidden state does."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+
+    def walk(value: Any, depth: int) -> None:
+        if hasattr(value, "to_tuple"):
+            value = value.to_tuple()
+        for leaf in torch.utils._pytree.tree_leaves(value):
+            if isinstance(leaf, torch.Tensor):
+                if leaf.is_floating_point():
+                    found.append(leaf)
+            elif depth and hasattr(leaf, "__dict__") and not isinstance(leaf, type) and id(leaf) not in seen:
+                seen.add(id(leaf))
+                walk(list(vars(leaf).values()), depth - 1)
+
+    walk(out, depth=3)
+    return found
