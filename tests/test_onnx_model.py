@@ -1,6 +1,8 @@
 """An exported region keeps its large initializers beside the graph, and its cache
 payload gives back the same graph and the same arrays."""
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -34,6 +36,17 @@ def test_an_exported_region_has_no_weights_in_its_graph():
     assert len(model.graph) < EXTERNAL_MIN_BYTES  # the 16 KB weight is not in it
     (weight,) = [a for a in model.initializers.values() if a.size == 64 * 64]
     assert weight.flags["C_CONTIGUOUS"]  # ORT refuses strided arrays
+
+
+def test_exporting_a_region_that_returns_a_folded_weight_logs_nothing(caplog):
+    """The ONNX optimizer notes at WARNING that an initializer which is also an
+    output is not deduplicated; that is no business of the user's."""
+    from dispatch.routes.onnx_export import export_region
+
+    gm = torch.fx.symbolic_trace(lambda x, w: (torch.relu(x @ w), w * 2))
+    with caplog.at_level(logging.DEBUG):
+        export_region(gm, [torch.randn(2, 8), torch.randn(8, 8)], frozen=frozenset({1}))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 @pytest.mark.parametrize("with_bias", [True, False])

@@ -8,11 +8,12 @@ tensor input that carries the same size, so the ONNX model takes tensors only.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import operator
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -55,18 +56,30 @@ def export_region(
     _attention_with_grouped_heads(graph)
     module = torch.fx.GraphModule(root, graph)
     dynamic_shapes = tuple(dynamic) if any(dynamic) else None
-    quiet = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript")]
-    levels = [q.level for q in quiet]
-    for q in quiet:
+    with _exporters_quiet(), torch.no_grad():
+        program = _export(module, tuple(args), dynamic_shapes)
+    return OnnxModel.from_ir(program.model)
+
+
+# The exporter and the ONNX optimizer passes it runs log their progress and
+# notes (onnx_ir: "Skipped deduplication of initializer ...") at WARNING; none
+# of it is the user's to act on, and a failed export raises anyway.
+_EXPORT_LOGGERS = ("torch.onnx", "onnxscript", "onnx_ir")
+
+
+@contextlib.contextmanager
+def _exporters_quiet() -> Iterator[None]:
+    loggers = [logging.getLogger(n) for n in _EXPORT_LOGGERS]
+    levels = [q.level for q in loggers]
+    for q in loggers:
         q.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings(), torch.no_grad():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            program = _export(module, tuple(args), dynamic_shapes)
+            yield
     finally:
-        for q, level in zip(quiet, levels):
+        for q, level in zip(loggers, levels):
             q.setLevel(level)
-    return OnnxModel.from_ir(program.model)
 
 
 def fed_positions(example_inputs: Sequence[Any], frozen: frozenset[int]) -> list[int]:
