@@ -68,13 +68,17 @@ def form_regions(
                 kept.append(partition)
             if not kept:
                 continue
+            # Numbered in the order they run, so that _0 is the first such region a call meets.
+            position = {n: i for i, n in enumerate(gm.graph.nodes)}
+            kept.sort(key=lambda p: min(position[n] for n in p.nodes))
             prefix = f"{route}_{place.replace(':', '')}_"
             described = [describe_region(p.nodes, by_name, route, device, graph_index, kind) for p in kept]
             fuse_by_partitions(gm, [dict(p.nodes) for p in kept], prefix=prefix, always_return_tuple=True)
             regions += [replace(region, name=f"{prefix}{i}") for i, region in enumerate(described)]
     gm.recompile()
     _annotate_placeholders(gm, {r.name for r in regions})
-    return regions
+    called = {node.target: i for i, node in enumerate(gm.graph.find_nodes(op="call_module"))}
+    return sorted(regions, key=lambda r: called[r.name])
 
 
 class _ByName(dict):

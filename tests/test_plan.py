@@ -6,7 +6,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import dispatch
 from tests.conftest import fake_inputs, on_fake_device
-from tests.models import MLP, CustomOpMLP
+from tests.models import MLP, CustomOpMLP, scaled_tanh
 
 
 def fake_plan(model, device, *shapes, dtype=torch.float32, **options):
@@ -109,6 +109,28 @@ def test_custom_op_splits_regions():
     assert eager.ops == ("dispatch_tests.scaled_tanh.default",)
     assert "cannot translate" in eager.rejected["onnxrt"]
     assert "dispatch_tests.scaled_tanh" in eager.rejected["onnxrt"]
+
+
+class _NormAfterCustomOp(torch.nn.Module):
+    """Linear -> custom op -> LayerNorm -> Linear: two onnxrt regions around an eager one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 16)
+        self.b = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(scaled_tanh(self.a(x).relu(), 0.5))
+
+
+def test_regions_are_listed_and_numbered_in_the_order_a_call_runs_them():
+    plan = fake_plan(_NormAfterCustomOp(), "cpu", (4, 16))
+    assert [(r.name, r.ops[-1]) for r in plan.regions] == [
+        ("onnxrt_cpu_0", "aten.relu.default"),
+        ("eager_cpu_0", "dispatch_tests.scaled_tanh.default"),
+        ("onnxrt_cpu_1", "aten.addmm.default"),
+    ]
+    assert "aten.native_layer_norm.default" in plan.regions[2].ops
 
 
 def test_custom_op_strict_onnxrt_raises_unsupported_op():
