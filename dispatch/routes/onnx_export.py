@@ -21,7 +21,7 @@ import torch.fx
 
 from ..inspect import META_VAL, tensor_value
 from .onnx_model import OnnxModel
-from .onnx_ops import onnx_registry
+from .onnx_ops import export_opset, onnx_registry
 
 
 def export_region(
@@ -259,8 +259,17 @@ def _export(module: torch.nn.Module, args: tuple[Any, ...], dynamic_shapes: Any)
     if core is not None:
         try:
             return core.export(
-                program, args, None, registry=onnx_registry(), optimize=True, verbose=False, report=False
+                program,
+                args,
+                None,
+                registry=onnx_registry(),
+                optimize=True,
+                verbose=False,
+                report=False,
+                opset_version=export_opset(),
             )
         except TypeError:
             pass
-    return torch.onnx.export(program, args, dynamo=True, optimize=True, verbose=False, report=False)
+    return torch.onnx.export(
+        program, args, dynamo=True, optimize=True, verbose=False, report=False, opset_version=export_opset()
+    )

@@ -18,9 +18,20 @@ import torch
 from ..cache import ArtifactCache, current_cache, versions
 
 
+def export_opset() -> int:
+    """The ONNX opset regions are exported at: ``torch.onnx.export``'s default (20 in
+    torch 2.11-2.13). The registry's own default is torchlib's floor (18), where
+    ``gelu`` becomes an Erf chain that ONNX Runtime does not fuse back: ConvNeXt's
+    12 GELUs ran as 60 ops and 24 more layout reorders, 1.27x the session time."""
+    from torch.onnx import _constants
+
+    return int(getattr(_constants, "ONNX_DEFAULT_OPSET", 20))
+
+
 @functools.cache
 def onnx_registry() -> Any:
-    """The exporter's registry of torchlib translations, built once per process.
+    """The exporter's registry of torchlib translations at ``export_opset()``, built
+    once per process.
 
     ``torch.onnx.export`` builds a new one on every call (0.8 s warm here); the
     onnxrt route hands this one to the exporter instead."""
@@ -31,7 +42,7 @@ def onnx_registry() -> Any:
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        return ONNXRegistry.from_torchlib()
+        return ONNXRegistry.from_torchlib(opset_version=export_opset())
     finally:
         logger.setLevel(level)
 
@@ -52,7 +63,7 @@ def _translatable_names(root: Path | None) -> frozenset[str]:
     building torchlib's registry (and importing onnxscript for it) costs
     seconds that a warm start should not pay."""
     cache = ArtifactCache(root) if root else None
-    key = hashlib.sha256(repr(versions()).encode()).hexdigest()
+    key = hashlib.sha256(repr((versions(), export_opset())).encode()).hexdigest()
     names = cache.get_json("onnx-ops", key) if cache else None
     if names is None:
         registered = {k if isinstance(k, str) else str(k) for k in onnx_registry().functions}

@@ -43,7 +43,7 @@ from .base import (
 )
 from .onnx_export import export_region, fed_positions
 from .onnx_model import OnnxModel
-from .onnx_ops import translatable
+from .onnx_ops import export_opset, translatable
 from .onnx_threads import ONE, POOL, TRIAL, ThreadCountTrial, thread_plan
 from .registry import registry
 
@@ -172,7 +172,12 @@ def _cached_export(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozen
     if cache is None:
         return export_region(gm, args, frozen)
     key = region_key(
-        gm, "onnxrt", _ENTRY_FORMAT, sorted(frozen), tensors_digest(args[i] for i in sorted(frozen))
+        gm,
+        "onnxrt",
+        _ENTRY_FORMAT,
+        export_opset(),
+        sorted(frozen),
+        tensors_digest(args[i] for i in sorted(frozen)),
     )
     payload = cache.get("onnx", key)
     if payload is not None:
