@@ -17,15 +17,19 @@ import torch
 
 from ..cache import ArtifactCache, current_cache, versions
 
+# ONNX's own Gelu op arrived in opset 20.
+_GELU_OPSET = 20
+
 
 def export_opset() -> int:
     """The ONNX opset regions are exported at: ``torch.onnx.export``'s default (20 in
-    torch 2.11-2.13). The registry's own default is torchlib's floor (18), where
-    ``gelu`` becomes an Erf chain that ONNX Runtime does not fuse back: ConvNeXt's
-    12 GELUs ran as 60 ops and 24 more layout reorders, 1.27x the session time."""
+    torch 2.13), and never below 20. The registry's own default is torchlib's floor
+    (18), where ``gelu`` becomes an Erf chain that ONNX Runtime does not fuse back:
+    ConvNeXt's 12 GELUs ran as 60 ops and 24 more layout reorders, 1.27x the
+    session time."""
     from torch.onnx import _constants
 
-    return int(getattr(_constants, "ONNX_DEFAULT_OPSET", 20))
+    return max(int(getattr(_constants, "ONNX_DEFAULT_OPSET", _GELU_OPSET)), _GELU_OPSET)
 
 
 @functools.cache
