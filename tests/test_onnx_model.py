@@ -63,6 +63,16 @@ def test_gelu_exports_as_one_onnx_gelu_not_an_erf_chain():
     assert "Gelu" in ops and "Erf" not in ops, ops
 
 
+@pytest.mark.parametrize(("default", "expected"), [(18, 20), (20, 20), (21, 21)])
+def test_the_export_opset_follows_torch_onnx_but_never_drops_below_gelu(monkeypatch, default, expected):
+    from torch.onnx import _constants
+
+    from dispatch.routes.onnx_ops import export_opset
+
+    monkeypatch.setattr(_constants, "ONNX_DEFAULT_OPSET", default)
+    assert export_opset() == expected
+
+
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_a_linear_layer_exports_its_weight_itself_not_a_transposed_copy(with_bias):
     from torch.fx.experimental.proxy_tensor import make_fx
