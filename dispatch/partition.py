@@ -21,7 +21,7 @@ from torch.fx.passes.operator_support import create_op_support
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from .inspect import META_STATIC, META_VAL, is_view_op, op_name
-from .region import Region
+from .region import LOWER_PRIORITY, Region
 from .routes.registry import registry
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ def describe_region(
         if all(name in choices[n].chain for n in ordered):
             fallbacks.append(name)
     for name in fallbacks:
-        rejected.setdefault(name, f"lower priority than {route}")
+        rejected.setdefault(name, f"{LOWER_PRIORITY} {route}")
     ops = tuple(dict.fromkeys(op_name(n) for n in ordered if n.target is not operator.getitem))
     return Region(
         graph=graph_index,

@@ -26,7 +26,7 @@ from .inspect import (
     returns_to_caller,
 )
 from .partition import form_regions
-from .region import GraphPlan, Region
+from .region import BY_RULE, DISABLED, NOT_ALLOWED, GraphPlan, Region
 from .routes import Availability, Route, WrappingRoute, registry
 from .rules import default_rule
 
@@ -60,9 +60,7 @@ def route_order(
         order = list(config.routes)
         for name in registry.names():
             if name not in order:
-                left_out[name] = (
-                    f"not in the allowed routes {list(config.routes)} ({config.source('routes')})"
-                )
+                left_out[name] = f"{NOT_ALLOWED} {list(config.routes)} ({config.source('routes')})"
         if not config.strict and "eager" not in order:
             order.append("eager")
     else:
@@ -89,11 +87,11 @@ def route_order(
             order[at:at] = [n for n in extra if n not in config.disabled]
         for name in registry.names():
             if name not in order:
-                left_out[name] = f"not chosen by rule: {rule.reason}"
+                left_out[name] = f"{BY_RULE}: {rule.reason}"
     for name in list(order):
         if name in config.disabled:
             order.remove(name)
-            left_out[name] = f"disabled by {config.source('disabled')}"
+            left_out[name] = f"{DISABLED} {config.source('disabled')}"
     if config.disabled and not any(not registry.get(n).wraps for n in order):
         raise ConfigError(
             f"{config.source('disabled')} leaves no route for {device} {kind} graphs; routes that serve "

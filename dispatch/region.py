@@ -139,15 +139,25 @@ class Plan:
         return region_table(self.regions)
 
 
+# How a reason in ``Region.rejected`` begins where a route was left out of the
+# order (by rule or by the user) or stands behind the chosen one as its fallback.
+BY_RULE = "not chosen by rule"
+NOT_ALLOWED = "not in the allowed routes"
+DISABLED = "disabled by"
+LOWER_PRIORITY = "lower priority than"
+_LEFT_OUT = (BY_RULE, NOT_ALLOWED, DISABLED)
+
+
 def region_table(regions: Sequence[Region]) -> str:
     """A readable table: one row per region, then why other routes were not chosen."""
-    header = ("graph", "kind", "region", "route", "devices", "nodes", "ops")
+    header = ("graph", "kind", "region", "route", "fallback", "devices", "nodes", "ops")
     rows = [
         (
             str(r.graph),
             r.kind,
             r.name,
             r.route if r.planned_route is None else f"{r.route} (planned {r.planned_route})",
+            ",".join(r.fallbacks) or "-",
             ",".join(sorted(r.devices)),
             str(r.node_count),
             _short(", ".join(o.removeprefix("aten.").removesuffix(".default") for o in r.ops), 60),
@@ -158,14 +168,21 @@ def region_table(regions: Sequence[Region]) -> str:
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
     lines += [fmt.format(*row) for row in rows]
-    notes = [
-        f"  graph {r.graph} {r.name} [{r.kind}]: {route} not chosen: {reason}"
-        for r in regions
-        for route, reason in r.rejected.items()
-        if not reason.startswith("not chosen by rule") and not reason.startswith("not in the allowed")
-    ]
+    # A route the rule or the user's settings left out has the same reason in every
+    # region: it is said once. A fallback's "lower priority" is the fallback column.
+    left_out: dict[str, dict[str, None]] = {}
+    notes = []
+    for r in regions:
+        for route, reason in r.rejected.items():
+            if reason.startswith(_LEFT_OUT):
+                left_out.setdefault(reason.removeprefix(f"{BY_RULE}: "), {})[route] = None
+            elif not reason.startswith(LOWER_PRIORITY):
+                notes.append(f"  graph {r.graph} {r.name} [{r.kind}]: {route} not chosen: {reason}")
     if notes:
         lines += ["", "Why not other routes:", *notes]
+    if left_out:
+        lines += ["", "Left out of the route order:"]
+        lines += [f"  {', '.join(routes)}: {reason}" for reason, routes in left_out.items()]
     measured = [
         f"  graph {r.graph} {r.name} [{r.kind}]: "
         + ", ".join(f"{route} {line}" for route, line in r.measured.items())

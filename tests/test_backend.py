@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import dispatch
-from tests.models import MLP, CustomOpMLP, GroupedQueryAttention
+from tests.models import MLP, CustomOpMLP, GroupedQueryAttention, scaled_tanh
 
 
 def test_backend_is_registered_and_listed():
@@ -384,15 +384,34 @@ def test_explain_leaves_other_compiled_functions_alone():
 
 def test_explain_text_says_which_graph_each_note_is_about():
     def fn(x):
-        y = torch.relu(x) + 1
+        y = scaled_tanh(torch.relu(x) + 1, 0.5)
         print("", end="")  # a graph break: two graphs whose regions share names
+        return scaled_tanh(y.sigmoid() * 2, 0.5)
+
+    with torch.no_grad():
+        text = str(dispatch.explain(fn, torch.randn(4, 4)))
+    assert "graph 0 eager_cpu_0 [inference]: onnxrt not chosen: the ONNX exporter cannot translate" in text
+    assert "graph 1 eager_cpu_0 [inference]: onnxrt not chosen: the ONNX exporter cannot translate" in text
+    assert "Dynamo Op Count" in text
+
+
+def test_explain_text_gives_each_fallback_in_its_row_and_each_rule_once(monkeypatch):
+    """A route the rule leaves out is said once, not once per region; a fallback is a
+    column, not a note per region."""
+    monkeypatch.delenv("DISPATCH_ROUTE", raising=False)
+
+    def fn(x):
+        y = torch.relu(x) + 1
+        print("", end="")
         return y.sigmoid() * 2
 
     with torch.no_grad():
         text = str(dispatch.explain(fn, torch.randn(4, 4)))
-    assert "graph 0 onnxrt_cpu_0 [inference]: eager not chosen" in text
-    assert "graph 1 onnxrt_cpu_0 [inference]: eager not chosen" in text
-    assert "Dynamo Op Count" in text
+    rows = [line.split() for line in text.splitlines() if line.startswith(("0 ", "1 "))]
+    assert [(row[2], row[3], row[4]) for row in rows] == [("onnxrt_cpu_0", "onnxrt", "eager")] * 2
+    assert "lower priority" not in text
+    (left_out,) = [line for line in text.splitlines() if "it beat inductor there by measurement" in line]
+    assert left_out.strip().startswith("cudagraphs, inductor, triton: CPU inference:")
 
 
 def _dynamo_graph(fn, x):
