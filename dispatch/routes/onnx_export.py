@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import logging
 import operator
 import warnings
 from collections.abc import Iterator, Sequence
@@ -21,7 +20,7 @@ import torch.fx
 
 from ..inspect import META_VAL, tensor_value
 from .onnx_model import OnnxModel
-from .onnx_ops import export_opset, onnx_registry
+from .onnx_ops import export_opset, onnx_registry, quiet_loggers
 
 
 def export_region(
@@ -69,17 +68,9 @@ _EXPORT_LOGGERS = ("torch.onnx", "onnxscript", "onnx_ir")
 
 @contextlib.contextmanager
 def _exporters_quiet() -> Iterator[None]:
-    loggers = [logging.getLogger(n) for n in _EXPORT_LOGGERS]
-    levels = [q.level for q in loggers]
-    for q in loggers:
-        q.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for q, level in zip(loggers, levels):
-            q.setLevel(level)
+    with quiet_loggers(*_EXPORT_LOGGERS), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def fed_positions(example_inputs: Sequence[Any], frozen: frozenset[int]) -> list[int]:

@@ -7,15 +7,32 @@ a hand-written list.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..cache import ArtifactCache, current_cache, versions
+
+
+@contextlib.contextmanager
+def quiet_loggers(*names: str) -> Iterator[None]:
+    """The loggers ``names`` at ERROR for the block, their own levels restored after."""
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [q.level for q in loggers]
+    for q in loggers:
+        q.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for q, level in zip(loggers, levels):
+            q.setLevel(level)
+
 
 # ONNX's own Gelu op arrived in opset 20.
 _GELU_OPSET = 20
@@ -42,13 +59,8 @@ def onnx_registry() -> Any:
     from torch.onnx._internal.exporter._registration import ONNXRegistry
 
     # torchlib warns about every torchvision op it cannot find; that is noise here.
-    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
+    with quiet_loggers("torch.onnx._internal.exporter._registration"):
         return ONNXRegistry.from_torchlib(opset_version=export_opset())
-    finally:
-        logger.setLevel(level)
 
 
 def translatable(target: object) -> bool:
