@@ -4,8 +4,9 @@
 
 It starts with fresh Inductor and dispatch caches (or those under CACHE_DIR:
 a second worker on the same CACHE_DIR measures a warm start), builds the column (the cold
-compile time is the first call, compile included), checks the output against
-eager, prints one ``BENCH_READY {json}`` line, then serves timing requests on
+compile time is the first call, compile included), judges the output against
+fp32 eager by the dashboard's rule (``benchmarks/accuracy.py``; a column that
+fails it is reported failed, never timed, and never the best peer), prints one ``BENCH_READY {json}`` line, then serves timing requests on
 stdin: a line ``N`` runs N calls and answers ``BENCH_TIME seconds``; ``quit``
 ends it. A column lives alone in its process so that no other runtime's thread
 pool (torch's OpenMP workers, another ORT session) spins beside it.
@@ -13,6 +14,7 @@ pool (torch's OpenMP workers, another ORT session) spins beside it.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import resource
@@ -26,6 +28,7 @@ import torch
 from dispatch.record import recorder
 
 from . import columns
+from .accuracy import accurate
 from .models import build
 
 
@@ -41,6 +44,17 @@ def _max_error(out, expected) -> float:
     if isinstance(expected, torch.Tensor):
         out, expected = (out,), (expected,)
     return max(float((o.float() - e.float()).abs().max()) for o, e in zip(out, expected))
+
+
+def accuracy_error(out, expected, fp64) -> str | None:
+    """Why ``out`` fails the dashboard's rule against fp32 eager's ``expected``
+    (``fp64`` the truth), or None where it passes."""
+    if accurate(expected, fp64, out, torch.float32):
+        return None
+    return (
+        f"accuracy: max error {_max_error(out, fp64):.1e} against fp64, fp32 eager's "
+        f"{_max_error(expected, fp64):.1e}: beyond the dashboard's tolerance"
+    )
 
 
 def _short(error: BaseException) -> str:
@@ -61,6 +75,7 @@ def main(model_name: str, column: str, cache_dir: str | None = None) -> None:
     model, inputs = build(model_name)
     _warm_up_process()
     with torch.no_grad():
+        fp64 = copy.deepcopy(model).double()(*(t.double() for t in inputs))
         expected = model(*inputs)
         start = time.perf_counter()
         try:
@@ -71,6 +86,10 @@ def main(model_name: str, column: str, cache_dir: str | None = None) -> None:
             print("BENCH_READY " + json.dumps({"ok": False, "error": _short(error)}), flush=True)
             return
         compile_s = time.perf_counter() - start
+        error = accuracy_error(out, expected, fp64)
+        if error:
+            print("BENCH_READY " + json.dumps({"ok": False, "error": error}), flush=True)
+            return
         one = time.perf_counter()
         fn()
         one = time.perf_counter() - one

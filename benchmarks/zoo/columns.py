@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ..accuracy import floating_leaves
+
 CPU_COLUMNS = ("eager", "floor", "inductor", "auto", "onnxrt_direct")
 CUDA_COLUMNS = ("eager", "inductor", "reduce_overhead", "max_autotune_no_cudagraphs", "auto")
 TRAIN_COLUMNS = ("eager", "floor", "inductor", "auto")
@@ -65,26 +67,3 @@ def training(column: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ..
         return loss.detach()
 
     return step
-
-
-def floating_leaves(out: Any) -> list[torch.Tensor]:
-    """Every floating-point tensor in a model's output (ModelOutput, dict, list, tuple),
-    and those held by objects in it: a decoder's KV cache (transformers' ``DynamicCache``
-    keeps its keys and values on per-layer objects that pytree does not open), so a
-    wrong cache fails the accuracy check as a wrong hidden state does."""
-    found: list[torch.Tensor] = []
-    seen: set[int] = set()
-
-    def walk(value: Any, depth: int) -> None:
-        if hasattr(value, "to_tuple"):
-            value = value.to_tuple()
-        for leaf in torch.utils._pytree.tree_leaves(value):
-            if isinstance(leaf, torch.Tensor):
-                if leaf.is_floating_point():
-                    found.append(leaf)
-            elif depth and hasattr(leaf, "__dict__") and not isinstance(leaf, type) and id(leaf) not in seen:
-                seen.add(id(leaf))
-                walk(list(vars(leaf).values()), depth - 1)
-
-    walk(out, depth=3)
-    return found

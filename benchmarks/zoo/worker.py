@@ -28,10 +28,9 @@ import torch
 
 from dispatch.record import recorder
 
+from ..accuracy import accurate, floating_leaves
 from . import columns
 from .wider import EVERY_MODEL
-
-TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 
 def _moved(model, inputs, device, dtype):
@@ -43,16 +42,6 @@ def _moved(model, inputs, device, dtype):
 
 def _fresh(inputs):
     return tuple(t.clone() for t in inputs)
-
-
-def _accurate(reference, fp64, result, dtype) -> bool:
-    from torch._dynamo.utils import same
-
-    ref, ref64, res = (columns.floating_leaves(x) for x in (reference, fp64, result))
-    if len(ref) != len(res):
-        return False
-    ref, res = [r.cpu() for r in ref], [r.cpu() for r in res]
-    return bool(same(ref, res, fp64_ref=ref64, tol=TOLERANCE[dtype], equal_nan=True))
 
 
 def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
@@ -70,7 +59,7 @@ def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
 def _gradients(model, inputs, column):
     model.zero_grad(set_to_none=True)
     fn = columns.compiled(column, model)
-    loss = sum(t.float().mean() for t in columns.floating_leaves(fn(*inputs)))
+    loss = sum(t.float().mean() for t in floating_leaves(fn(*inputs)))
     loss.backward()
     return [p.grad.cpu() for p in model.parameters() if p.grad is not None]
 
@@ -109,7 +98,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
                     grads = _gradients(model, inputs, column)
                     sync()
                 report["compile_s"] = time.perf_counter() - start
-                report["accurate"] = _accurate(ref_grads, ref64, grads, dtype)
+                report["accurate"] = accurate(ref_grads, ref64, grads, dtype)
                 fn = columns.training(column, model, inputs)
             else:
                 with torch.no_grad():
@@ -125,7 +114,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
                         out = fn()
                         sync()
                     report["compile_s"] = time.perf_counter() - start
-                    report["accurate"] = _accurate(reference, fp64, out, dtype)
+                    report["accurate"] = accurate(reference, fp64, out, dtype)
             report["routes"] = sorted({r.route for p in plans for r in p.regions})
             report["ok"] = report["accurate"]
             if not report["accurate"]:

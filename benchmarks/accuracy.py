@@ -1,0 +1,53 @@
+"""The benchmarks' accuracy judge: the rule of PyTorch's benchmark dashboard.
+
+A result is compared with eager in the same dtype on the same device
+(``torch._dynamo.utils.same``), with an fp64 run of the model as the truth: in
+float32 that is fp32 eager; in bfloat16 a result passes when it is about as
+close to fp64 as bfloat16 eager is. Shared by ``nox -s bench`` and ``nox -s
+zoo``, so that a peer computing in a lower precision than it was asked for (OpenVINO
+runs fp32 models in bf16 on CPUs with AVX512_BF16 unless told otherwise) fails
+instead of setting the bar.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+
+def accurate(reference: Any, fp64: Any, result: Any, dtype: torch.dtype) -> bool:
+    """Whether ``result`` matches ``reference`` (eager in ``dtype``) by the dashboard's
+    rule, with ``fp64`` (the same model in float64) as the truth."""
+    from torch._dynamo.utils import same
+
+    ref, ref64, res = (floating_leaves(x) for x in (reference, fp64, result))
+    if len(ref) != len(res):
+        return False
+    ref, res = [r.cpu() for r in ref], [r.cpu() for r in res]
+    return bool(same(ref, res, fp64_ref=ref64, tol=TOLERANCE[dtype], equal_nan=True))
+
+
+def floating_leaves(out: Any) -> list[torch.Tensor]:
+    """Every floating-point tensor in a model's output (ModelOutput, dict, list, tuple),
+    and those held by objects in it: a decoder's KV cache (transformers' ``DynamicCache``
+    keeps its keys and values on per-layer objects that pytree does not open), so a
+    wrong cache fails the accuracy check as a wrong hidden state does."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+
+    def walk(value: Any, depth: int) -> None:
+        if hasattr(value, "to_tuple"):
+            value = value.to_tuple()
+        for leaf in torch.utils._pytree.tree_leaves(value):
+            if isinstance(leaf, torch.Tensor):
+                if leaf.is_floating_point():
+                    found.append(leaf)
+            elif depth and hasattr(leaf, "__dict__") and not isinstance(leaf, type) and id(leaf) not in seen:
+                seen.add(id(leaf))
+                walk(list(vars(leaf).values()), depth - 1)
+
+    walk(out, depth=3)
+    return found
