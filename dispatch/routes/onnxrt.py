@@ -32,6 +32,7 @@ from ..inspect import (
     marked_static_positions,
     tensor_values,
 )
+from .baked_weights import BakedWeights
 from .base import (
     Availability,
     CompiledFn,
@@ -51,6 +52,7 @@ log = logging.getLogger("dispatch")
 
 _NO_NUMPY_DTYPE = (torch.bfloat16, torch.complex32)
 _ENTRY_FORMAT = "graph+initializers"  # cache entries of the format of onnx_model.py
+MAX_REBAKES = 1  # re-exports with the weights baked in, after the first export
 
 
 @registry.register
@@ -140,29 +142,44 @@ class _FrozenWeightsRunner:
 
     Inputs that Dynamo marks as parameters or buffers become ONNX initializers,
     so ORT can fold them (BatchNorm into Conv, transposes of weights) and
-    pre-pack them, as it does for a model exported whole. Their version
-    counters are checked on every call: a weight changed in place (an optimizer
-    step, ``load_state_dict``) re-exports the region instead of running stale
-    weights.
+    pre-pack them, as it does for a model exported whole. Every call checks
+    that they are still the model's (``baked_weights.py``): a weight changed
+    in place (an optimizer step, ``load_state_dict``, ``p.data.mul_``)
+    re-exports the region instead of running stale weights. Weights that
+    change again (an EMA teacher, updated every step) would re-export on every
+    call, seconds each: from their ``MAX_REBAKES + 1``-th change on, the
+    region takes them as inputs, read live on every call.
     """
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
         self.gm = gm
         self.frozen = marked_static_positions(gm)
+        self.rebakes = 0
+        self.baked: BakedWeights | None = None
         self._build(example_inputs)
 
     def _build(self, args: Sequence[Any]) -> None:
-        self.versions = [(i, args[i]._version, args[i].data_ptr()) for i in self.frozen]
+        self.baked = BakedWeights(args, self.frozen) if self.frozen else None
         self.run = _session_runner(self.gm, args, frozenset(self.frozen))
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
-        for i, version, ptr in self.versions:
-            t = args[i]
-            if t._version != version or t.data_ptr() != ptr:
-                log.info("onnxrt: a baked weight changed in place; re-exporting the region")
-                self._build(args)
-                break
+        if self.baked is not None and self.baked.changed(args):
+            self._rebuild(args)
         return self.run(*args)
+
+    def _rebuild(self, args: Sequence[Any]) -> None:
+        if self.rebakes < MAX_REBAKES:
+            self.rebakes += 1
+            log.info("onnxrt: a baked weight changed in place; re-exporting the region")
+            self._build(args)
+            return
+        log.info(
+            "onnxrt: the region's baked weights changed %d times; it now takes them as inputs, "
+            "read on every call (no BatchNorm folding or weight pre-packing)",
+            self.rebakes + 1,
+        )
+        self.frozen, self.baked = [], None
+        self.run = _session_runner(self.gm, args, frozenset())
 
 
 def _cached_export(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> OnnxModel:
