@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .columns import COLUMNS, OURS, PEERS
+from .machine import cpu
 from .models import MODELS
 from .process import Worker, time_in_turn
 
@@ -85,6 +86,7 @@ def run(models: list[str], seconds: float) -> dict:
             "torch": torch.__version__,
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
+            **cpu(),
             "peak_gemm_gflops": peak / 1e9 if peak else None,
             "peak_gemm_engine": peak_engine,
         },
@@ -187,6 +189,8 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [
         f"Run {result['time']} on {m['platform']}, {m['cpus']} CPUs, torch {m['torch']}.",
+        "",
+        f"CPU: {m.get('cpu', 'unknown')}; vector flags: {', '.join(m.get('vector_flags') or ['unknown'])}.",
         "",
         "Per-call time (median of batches taken in turn, each column in its own process) \\| "
         "cold compile (first call, fresh caches) \\| warm compile (median of three later processes, same caches) "

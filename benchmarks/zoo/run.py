@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..machine import cpu
 from ..process import Worker, time_in_turn
 from ..run import _fmt_time as format_time
 from .columns import CPU_COLUMNS, CUDA_COLUMNS, TRAIN_COLUMNS
@@ -39,18 +40,7 @@ WARM = ("inductor", "auto")
 
 def machine(device: str) -> dict[str, Any]:
     info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__}
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        model = next(
-            line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")
-        )
-        flags = next(
-            line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")
-        )
-        info["cpu"] = model
-        info["vector_flags"] = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4")))
-    except (OSError, StopIteration):
-        info["cpu"] = platform.processor()
+    info.update(cpu())
     info["threads"] = torch.get_num_threads()
     if device == "cuda":
         from ..gpu_report import machine as gpu_machine

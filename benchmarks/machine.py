@@ -1,0 +1,22 @@
+"""The CPU a result was measured on: its model name and vector flags (these
+machines differ: some have AVX-512, some only AVX2), for every report."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def cpu() -> dict[str, Any]:
+    """``cpu`` (the model name) and, on Linux, ``vector_flags`` (AVX, AMX, FMA, SSE4)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+        flags = next(line.split(":", 1)[1].split() for line in lines if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return {"cpu": platform.processor() or platform.machine()}
+    return {
+        "cpu": model,
+        "vector_flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4"))),
+    }
