@@ -4,7 +4,7 @@ weight after the first call must reach the next call, as it does under inductor.
 import torch
 
 from dispatch.routes.baked_weights import EDGE_BYTES, BakedWeights
-from dispatch.routes.onnxrt import MAX_REBAKES
+from dispatch.routes.onnxrt import MIN_CALLS_PER_BAKE
 from tests.models import MLP
 
 
@@ -43,8 +43,9 @@ def test_a_batchnorm_statistic_changed_through_data_reaches_the_folded_conv():
 @torch.no_grad()
 def test_weights_updated_every_step_stay_right_and_stop_re_exporting(onnx_exports):
     """An EMA teacher: `p.data.mul_(m).add_(q, alpha=1 - m)` before every call.
-    Each change re-exported the region (seconds a call on a real model); after
-    MAX_REBAKES re-exports the region reads its weights as inputs."""
+    Each change re-exported the region (seconds a call on a real model); once a
+    re-export serves fewer than MIN_CALLS_PER_BAKE calls, the region reads its
+    weights as inputs."""
     teacher, student, x = MLP().eval(), MLP().eval(), torch.randn(4, 16)
     compiled = torch.compile(teacher, backend="auto")
     for _ in range(6):
@@ -52,7 +53,22 @@ def test_weights_updated_every_step_stay_right_and_stop_re_exporting(onnx_export
             t.data.mul_(0.9).add_(s.data, alpha=0.1)
         student.net[0].weight.data.add_(0.01)
         torch.testing.assert_close(compiled(x), teacher(x))
-    assert onnx_exports[0] == 1 + MAX_REBAKES + 1  # baked, re-baked, then fed
+    assert onnx_exports[0] == 3  # baked, re-baked, then fed
+
+
+@torch.no_grad()
+def test_weights_changed_between_evaluations_are_baked_again_each_time(onnx_exports):
+    """An optimizer step between evaluation passes: each pass is long enough to
+    repay a re-export, so the region keeps folding and pre-packing its weights."""
+    model, x = MLP().eval(), torch.randn(4, 16)
+    compiled = torch.compile(model, backend="auto")
+    for _epoch in range(4):
+        for _ in range(MIN_CALLS_PER_BAKE):
+            torch.testing.assert_close(compiled(x), model(x))
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    torch.testing.assert_close(compiled(x), model(x))
+    assert onnx_exports[0] == 5  # the first export and one per change
 
 
 @torch.no_grad()

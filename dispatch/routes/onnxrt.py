@@ -52,7 +52,10 @@ log = logging.getLogger("dispatch")
 
 _NO_NUMPY_DTYPE = (torch.bfloat16, torch.complex32)
 _ENTRY_FORMAT = "graph+initializers"  # cache entries of the format of onnx_model.py
-MAX_REBAKES = 1  # re-exports with the weights baked in, after the first export
+# A re-bake that ran fewer calls than this before the weights changed again
+# takes the region off baking (a re-export costs seconds; running unbaked, a
+# conv-BN model ran 3x slower per call).
+MIN_CALLS_PER_BAKE = 32
 
 
 @registry.register
@@ -144,39 +147,43 @@ class _FrozenWeightsRunner:
     so ORT can fold them (BatchNorm into Conv, transposes of weights) and
     pre-pack them, as it does for a model exported whole. Every call checks
     that they are still the model's (``baked_weights.py``): a weight changed
-    in place (an optimizer step, ``load_state_dict``, ``p.data.mul_``)
-    re-exports the region instead of running stale weights. Weights that
-    change again (an EMA teacher, updated every step) would re-export on every
-    call, seconds each: from their ``MAX_REBAKES + 1``-th change on, the
-    region takes them as inputs, read live on every call.
+    in place (an optimizer step between evaluations, ``load_state_dict``,
+    ``p.data.mul_``) re-exports the region instead of running stale weights.
+    Weights that change every few calls (an EMA teacher, updated every step)
+    would re-export on every call, seconds each: once a re-exported region
+    runs fewer than ``MIN_CALLS_PER_BAKE`` calls before its weights change
+    again, it takes them as inputs, read live on every call.
     """
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
         self.gm = gm
         self.frozen = marked_static_positions(gm)
-        self.rebakes = 0
+        self.rebaked = False
         self.baked: BakedWeights | None = None
         self._build(example_inputs)
 
     def _build(self, args: Sequence[Any]) -> None:
         self.baked = BakedWeights(args, self.frozen) if self.frozen else None
+        self.calls = 0
         self.run = _session_runner(self.gm, args, frozenset(self.frozen))
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
-        if self.baked is not None and self.baked.changed(args):
-            self._rebuild(args)
+        if self.baked is not None:
+            if self.baked.changed(args):
+                self._rebuild(args)
+            self.calls += 1
         return self.run(*args)
 
     def _rebuild(self, args: Sequence[Any]) -> None:
-        if self.rebakes < MAX_REBAKES:
-            self.rebakes += 1
+        if not self.rebaked or self.calls >= MIN_CALLS_PER_BAKE:
+            self.rebaked = True
             log.info("onnxrt: a baked weight changed in place; re-exporting the region")
             self._build(args)
             return
         log.info(
-            "onnxrt: the region's baked weights changed %d times; it now takes them as inputs, "
-            "read on every call (no BatchNorm folding or weight pre-packing)",
-            self.rebakes + 1,
+            "onnxrt: the region's baked weights changed again after %d calls; it now takes "
+            "them as inputs, read on every call (no BatchNorm folding or weight pre-packing)",
+            self.calls,
         )
         self.frozen, self.baked = [], None
         self.run = _session_runner(self.gm, args, frozenset())
