@@ -98,3 +98,20 @@ def test_a_small_weight_is_compared_whole():
     baked = BakedWeights([bias], [0])
     bias.data[len(bias) // 2] += 1
     assert baked.changed([bias])
+
+
+def test_a_model_built_under_inference_mode_runs_on_onnx_runtime():
+    # Its weights are inference tensors, which have no version counter: reading it
+    # raised, and every region fell back to eager with a warning.
+    import warnings
+
+    from dispatch.stitch import FallbackWarning
+
+    with torch.inference_mode():
+        model, x = MLP().eval(), torch.randn(4, 16)
+        compiled = torch.compile(model, backend="auto")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FallbackWarning)
+            torch.testing.assert_close(compiled(x), model(x))
+            model.net[0].weight.mul_(2)  # in place, inside inference_mode
+            torch.testing.assert_close(compiled(x), model(x))

@@ -12,7 +12,8 @@ reaches the session. Three kinds of change are seen, on every call:
   tensor with a version counter of its own, so neither moves. These are seen
   by comparing the first and last ``EDGE_BYTES`` of each weight's memory with
   what was baked. An edit through ``.data`` that leaves both ends of a weight
-  alone is not seen (README, "ONNX export").
+  alone is not seen (README, "ONNX export"). So is one to an inference
+  tensor (a model built under ``inference_mode``), which has no version counter.
 
 The bytes are read by one numpy gather over the span of memory that holds the
 weights, at the addresses of their edges: 8 µs for efficientnet_b0's 311
@@ -47,7 +48,10 @@ class BakedWeights:
         import numpy as np  # onnxruntime's dependency: this module serves the onnxrt route
 
         tensors = [args[i] for i in positions]
-        self.versions = [(i, t._version, t.data_ptr()) for i, t in zip(positions, tensors)]
+        pairs = list(zip(positions, tensors))
+        self.versions = [(i, t._version, t.data_ptr()) for i, t in pairs if not t.is_inference()]
+        # Inference tensors (made under inference_mode) have no version counter.
+        self.addresses = [(i, t.data_ptr()) for i, t in pairs if t.is_inference()]
         on_cpu = [t for t in tensors if t.device.type == "cpu" and t.numel()]
         self.storages = [t.untyped_storage() for t in on_cpu]  # keeps the memory read below alive
         self.memory: Any = None
@@ -65,6 +69,9 @@ class BakedWeights:
         for i, version, ptr in self.versions:
             t = args[i]
             if t._version != version or t.data_ptr() != ptr:
+                return True
+        for i, ptr in self.addresses:
+            if args[i].data_ptr() != ptr:
                 return True
         if self.memory is None:
             return False
