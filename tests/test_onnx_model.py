@@ -104,3 +104,27 @@ def test_initializers_numpy_cannot_name_stay_in_the_graph():
     model = OnnxModel.from_ir(ir.Model(graph, ir_version=10))
     assert list(model.initializers) == ["big"]  # bfloat16's numpy dtype would not survive the cache
     assert len(model.graph) > odd.nbytes
+
+
+@torch.no_grad()
+def test_a_channels_last_feature_map_comes_back_channels_last():
+    """ORT returns every output contiguous; eager and inductor return the traced
+    strides, and code after the model relies on them: this view raised on auto's
+    contiguous output."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    model = model.eval().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 16, 16).to(memory_format=torch.channels_last)
+    out, expected = torch.compile(model, backend="auto")(x), model(x)
+    torch.testing.assert_close(out, expected)
+    assert out.stride() == expected.stride()
+    torch.testing.assert_close(out.permute(0, 2, 3, 1).view(2, -1), expected.permute(0, 2, 3, 1).view(2, -1))
+
+
+def test_only_dense_traced_strides_are_restored():
+    from dispatch.routes.onnxrt import _dense
+
+    assert _dense((2, 8, 4, 4), (128, 1, 32, 8))  # channels_last
+    assert _dense((3, 5), (1, 3))  # transposed
+    assert _dense((2, 1, 3), (3, 99, 1))  # a size-1 dim's stride is free
+    assert not _dense((3, 5), (0, 1))  # expanded: overlapping
+    assert not _dense((3, 5), (10, 1))  # a row slice of a wider tensor: gaps

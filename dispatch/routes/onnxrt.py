@@ -137,7 +137,8 @@ class OnnxRoute(Route):
         count = len(_output_values(region.gm))
         device = torch.device(specs["device"])
         threads = str(specs.get("threads") or (ONE if specs["small"] else POOL))
-        return threaded_session(model, device, threads, list(specs["fed"]), list(specs["bools"]), count)
+        run = threaded_session(model, device, threads, list(specs["fed"]), list(specs["bools"]), count)
+        return in_traced_layout(run, region.gm)
 
 
 class _FrozenWeightsRunner:
@@ -213,7 +214,7 @@ def _cached_export(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozen
 
 def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> CompiledFn:
     model = _cached_export(gm, args, frozen)
-    return threaded_session(
+    run = threaded_session(
         model,
         first_device(args),
         thread_plan(gm, args),
@@ -221,6 +222,57 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
         _bool_outputs(gm),
         len(_output_values(gm)),
     )
+    return in_traced_layout(run, gm)
+
+
+def in_traced_layout(run: CompiledFn, gm: torch.fx.GraphModule) -> CompiledFn:
+    """``run``, with each output ORT returns contiguous copied into the strides the
+    graph was traced with, where those differ (a channels_last feature map, a
+    transposed result).
+
+    Eager returns those strides, and inductor keeps them (``keep_output_stride``);
+    code after the model may depend on them: ``out.permute(0, 2, 3, 1).view(n, -1)``
+    works on a channels_last output and raises on a contiguous one. Only outputs
+    of static size whose traced strides are dense and non-overlapping are
+    copied; a symbolic size stays contiguous.
+    """
+    layouts = _traced_layouts(gm)
+    if not layouts:
+        return run
+
+    def restrided(*args: Any) -> tuple[torch.Tensor, ...]:
+        outputs = list(run(*args))
+        for k, (size, stride) in layouts:
+            t = outputs[k]
+            outputs[k] = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
+        return tuple(outputs)
+
+    return restrided
+
+
+def _traced_layouts(gm: torch.fx.GraphModule) -> list[tuple[int, tuple[tuple[int, ...], tuple[int, ...]]]]:
+    """(output position, (size, strides)) of the outputs whose traced strides are
+    not the contiguous ones, of static size, dense and non-overlapping."""
+    layouts = []
+    for k, value in enumerate(_output_values(gm)):
+        if not isinstance(value, torch.Tensor):
+            continue
+        size, stride = tuple(value.shape), tuple(value.stride())
+        if not all(type(n) is int for n in size + stride) or value.numel() < 2:
+            continue
+        if not value.is_contiguous() and _dense(size, stride):
+            layouts.append((k, (size, stride)))
+    return layouts
+
+
+def _dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether the strides lay ``size`` elements out with no gap and no overlap."""
+    expected = 1
+    for n, step in sorted(((n, s) for n, s in zip(size, stride) if n != 1), key=lambda p: p[1]):
+        if step != expected:
+            return False
+        expected *= n
+    return True
 
 
 def threaded_session(
