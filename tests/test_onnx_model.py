@@ -121,10 +121,50 @@ def test_a_channels_last_feature_map_comes_back_channels_last():
 
 
 def test_only_dense_traced_strides_are_restored():
-    from dispatch.routes.onnxrt import _dense
+    from dispatch.routes.onnx_outputs import _dense
 
     assert _dense((2, 8, 4, 4), (128, 1, 32, 8))  # channels_last
     assert _dense((3, 5), (1, 3))  # transposed
     assert _dense((2, 1, 3), (3, 99, 1))  # a size-1 dim's stride is free
     assert not _dense((3, 5), (0, 1))  # expanded: overlapping
     assert not _dense((3, 5), (10, 1))  # a row slice of a wider tensor: gaps
+
+
+@torch.no_grad()
+def test_dropout_in_train_mode_under_no_grad_still_drops():
+    """A model left in train mode, run under no_grad (MC dropout): ORT's optimizer
+    removed the exported Dropout, and auto returned eval-mode outputs. Random ops
+    stay on torch, so the same seed gives eager's numbers."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(128, 128), torch.nn.GELU(), torch.nn.Linear(128, 128), torch.nn.GELU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Dropout(0.5), *layers[:2]).train()
+    x = torch.randn(32, 128)
+    compiled = torch.compile(model, backend="auto")
+    torch.manual_seed(1)
+    out = compiled(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(out, model(x))
+    assert not torch.equal(compiled(x), out)  # a new mask every call
+
+
+@torch.no_grad()
+def test_batchnorm_in_train_mode_under_no_grad_uses_batch_statistics():
+    """What torch.optim.swa_utils.update_bn does: train mode, no_grad. ORT normalised
+    by the running statistics (max error 0.74) and updated them wrongly."""
+    import copy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3),
+    ).train()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="auto")
+    for _ in range(3):
+        x = torch.randn(4, 3, 16, 16)
+        torch.testing.assert_close(compiled(x), reference(x))
+    torch.testing.assert_close(model[1].running_mean, reference[1].running_mean)
+    torch.testing.assert_close(model[1].running_var, reference[1].running_var)
+    assert int(model[1].num_batches_tracked) == 3

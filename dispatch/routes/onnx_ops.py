@@ -89,3 +89,37 @@ def _translatable_names(root: Path | None) -> frozenset[str]:
         if cache:
             cache.put_json("onnx-ops", key, names)
     return frozenset(names)
+
+
+def not_as_in_torch(node: torch.fx.Node) -> str | None:
+    """Why ONNX Runtime would not compute ``node`` as torch does, or None.
+
+    An ONNX Runtime session implements inference: its optimizer removes
+    Dropout, and a BatchNormalization in training mode came back normalised
+    by the running statistics (max error 0.74 on a conv-BN block) with wrong
+    running-stat updates. A model left in train mode under ``no_grad`` (MC
+    dropout, ``torch.optim.swa_utils.update_bn``) ran as if in eval mode.
+    """
+    target = node.target
+    if torch.Tag.nondeterministic_seeded in getattr(target, "tags", ()):
+        return (
+            f"{target} draws random numbers: ONNX Runtime removes Dropout from inference "
+            "sessions and does not follow torch's generator (torch.manual_seed)"
+        )
+    if "batch_norm" in str(target) and _training(node):
+        return f"{target} in training mode: ONNX Runtime's BatchNormalization runs inference only"
+    return None
+
+
+def _training(node: torch.fx.Node) -> bool:
+    """Whether a batch norm node uses batch statistics (its ``training`` argument,
+    or an op that always updates the running statistics)."""
+    if "with_update" in str(node.target):
+        return True
+    schema = getattr(node.target, "_schema", None)
+    for k, argument in enumerate(schema.arguments if schema else ()):
+        if argument.name == "training":
+            if k < len(node.args):
+                return bool(node.args[k])
+            return bool(node.kwargs.get("training", argument.default_value))
+    return False

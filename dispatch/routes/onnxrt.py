@@ -44,7 +44,8 @@ from .base import (
 )
 from .onnx_export import export_region, fed_positions
 from .onnx_model import OnnxModel
-from .onnx_ops import export_opset, translatable
+from .onnx_ops import export_opset, not_as_in_torch, translatable
+from .onnx_outputs import in_traced_layout, output_values
 from .onnx_threads import ONE, POOL, TRIAL, ThreadCountTrial, thread_plan
 from .registry import registry
 
@@ -104,6 +105,9 @@ class OnnxRoute(Route):
             return None  # exported as ONNX shape ops; symbolic dims become dynamic axes
         if not translatable(node.target):
             return f"the ONNX exporter cannot translate {node.target}"
+        unlike = not_as_in_torch(node)
+        if unlike:
+            return unlike
         for t in tensor_values(node):
             if t.dtype in _NO_NUMPY_DTYPE or t.is_complex():
                 return f"dtype {t.dtype} is not run by onnxrt here"
@@ -134,7 +138,7 @@ class OnnxRoute(Route):
 
     def load(self, processed_bytes: bytes, region: RegionProgram, specs: Mapping[str, Any]) -> CompiledFn:
         model = OnnxModel.from_payload(processed_bytes)
-        count = len(_output_values(region.gm))
+        count = len(output_values(region.gm))
         device = torch.device(specs["device"])
         threads = str(specs.get("threads") or (ONE if specs["small"] else POOL))
         run = threaded_session(model, device, threads, list(specs["fed"]), list(specs["bools"]), count)
@@ -220,59 +224,9 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
         thread_plan(gm, args),
         fed_positions(args, frozen),
         _bool_outputs(gm),
-        len(_output_values(gm)),
+        len(output_values(gm)),
     )
     return in_traced_layout(run, gm)
-
-
-def in_traced_layout(run: CompiledFn, gm: torch.fx.GraphModule) -> CompiledFn:
-    """``run``, with each output ORT returns contiguous copied into the strides the
-    graph was traced with, where those differ (a channels_last feature map, a
-    transposed result).
-
-    Eager returns those strides, and inductor keeps them (``keep_output_stride``);
-    code after the model may depend on them: ``out.permute(0, 2, 3, 1).view(n, -1)``
-    works on a channels_last output and raises on a contiguous one. Only outputs
-    of static size whose traced strides are dense and non-overlapping are
-    copied; a symbolic size stays contiguous.
-    """
-    layouts = _traced_layouts(gm)
-    if not layouts:
-        return run
-
-    def restrided(*args: Any) -> tuple[torch.Tensor, ...]:
-        outputs = list(run(*args))
-        for k, (size, stride) in layouts:
-            t = outputs[k]
-            outputs[k] = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
-        return tuple(outputs)
-
-    return restrided
-
-
-def _traced_layouts(gm: torch.fx.GraphModule) -> list[tuple[int, tuple[tuple[int, ...], tuple[int, ...]]]]:
-    """(output position, (size, strides)) of the outputs whose traced strides are
-    not the contiguous ones, of static size, dense and non-overlapping."""
-    layouts = []
-    for k, value in enumerate(_output_values(gm)):
-        if not isinstance(value, torch.Tensor):
-            continue
-        size, stride = tuple(value.shape), tuple(value.stride())
-        if not all(type(n) is int for n in size + stride) or value.numel() < 2:
-            continue
-        if not value.is_contiguous() and _dense(size, stride):
-            layouts.append((k, (size, stride)))
-    return layouts
-
-
-def _dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    """Whether the strides lay ``size`` elements out with no gap and no overlap."""
-    expected = 1
-    for n, step in sorted(((n, s) for n, s in zip(size, stride) if n != 1), key=lambda p: p[1]):
-        if step != expected:
-            return False
-        expected *= n
-    return True
 
 
 def threaded_session(
@@ -337,7 +291,7 @@ def bound_session(
 
 def _bool_outputs(gm: torch.fx.GraphModule) -> list[int]:
     """Positions of the region's boolean outputs."""
-    return [k for k, v in enumerate(_output_values(gm)) if getattr(v, "dtype", None) == torch.bool]
+    return [k for k, v in enumerate(output_values(gm)) if getattr(v, "dtype", None) == torch.bool]
 
 
 class _BoundRunner:
@@ -418,12 +372,6 @@ class _BoundRunner:
 @functools.cache
 def _np_dtype(dtype: torch.dtype) -> Any:
     return torch.empty((), dtype=dtype).numpy().dtype
-
-
-def _output_values(gm: torch.fx.GraphModule) -> list[Any]:
-    (out,) = gm.graph.find_nodes(op="output")
-    values = out.args[0] if isinstance(out.args[0], (list, tuple)) else (out.args[0],)
-    return [v.meta.get("val") if isinstance(v, torch.fx.Node) else v for v in values]
 
 
 def _providers() -> list[str]:
