@@ -168,3 +168,29 @@ def test_batchnorm_in_train_mode_under_no_grad_uses_batch_statistics():
     torch.testing.assert_close(model[1].running_mean, reference[1].running_mean)
     torch.testing.assert_close(model[1].running_var, reference[1].running_var)
     assert int(model[1].num_batches_tracked) == 3
+
+
+def test_seeded_ops_leave_onnx_runtime_only_where_they_draw_random_numbers():
+    from dispatch.routes.onnx_ops import not_as_in_torch
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    aten = torch.ops.aten
+
+    def node(target, *args, **kwargs):
+        return graph.call_function(target, args, kwargs)
+
+    assert not_as_in_torch(node(aten.native_dropout.default, x, 0.5, True))
+    assert not_as_in_torch(node(aten.native_dropout.default, x, 0.5, False)) is None
+    assert not_as_in_torch(node(aten.bernoulli.p, x, 0.5))
+    # Every inference attention: the op is tagged seeded for its dropout_p.
+    sdpa = aten._scaled_dot_product_flash_attention_for_cpu.default
+    assert not_as_in_torch(node(sdpa, x, x, x)) is None
+    assert not_as_in_torch(node(sdpa, x, x, x, 0.1))
+    assert (
+        not_as_in_torch(node(aten._native_batch_norm_legit_no_training.default, x, x, x, x, x, 0.1, 1e-5))
+        is None
+    )
+    assert not_as_in_torch(
+        node(aten._native_batch_norm_legit_functional.default, x, x, x, x, x, True, 0.1, 1e-5)
+    )

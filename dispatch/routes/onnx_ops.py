@@ -101,25 +101,40 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
     dropout, ``torch.optim.swa_utils.update_bn``) ran as if in eval mode.
     """
     target = node.target
-    if torch.Tag.nondeterministic_seeded in getattr(target, "tags", ()):
+    if _draws_random_numbers(node):
         return (
             f"{target} draws random numbers: ONNX Runtime removes Dropout from inference "
             "sessions and does not follow torch's generator (torch.manual_seed)"
         )
-    if "batch_norm" in str(target) and _training(node):
+    if "batch_norm" in str(target) and (
+        "with_update" in str(target) or _arguments(node).get("training") is True
+    ):
         return f"{target} in training mode: ONNX Runtime's BatchNormalization runs inference only"
     return None
 
 
-def _training(node: torch.fx.Node) -> bool:
-    """Whether a batch norm node uses batch statistics (its ``training`` argument,
-    or an op that always updates the running statistics)."""
-    if "with_update" in str(node.target):
-        return True
+def _draws_random_numbers(node: torch.fx.Node) -> bool:
+    """An op torch tags as seeded, unless its arguments turn the randomness off:
+    attention with ``dropout_p=0`` (every inference SDPA), dropout with ``p=0``
+    or ``train=False``."""
+    if torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ()):
+        return False
+    arguments = _arguments(node)
+    if "dropout_p" in arguments:
+        return arguments["dropout_p"] != 0
+    switched_off = arguments.get("train") is False or ("train" in arguments and arguments.get("p") == 0)
+    return not switched_off
+
+
+def _arguments(node: torch.fx.Node) -> dict[str, Any]:
+    """The node's arguments by their schema names, defaults filled in."""
     schema = getattr(node.target, "_schema", None)
+    found: dict[str, Any] = {}
     for k, argument in enumerate(schema.arguments if schema else ()):
-        if argument.name == "training":
-            if k < len(node.args):
-                return bool(node.args[k])
-            return bool(node.kwargs.get("training", argument.default_value))
-    return False
+        if k < len(node.args):
+            found[argument.name] = node.args[k]
+        elif argument.name in node.kwargs:
+            found[argument.name] = node.kwargs[argument.name]
+        elif argument.has_default_value():
+            found[argument.name] = argument.default_value
+    return found
