@@ -12,8 +12,9 @@ reaches the session. Three kinds of change are seen, on every call:
   tensor with a version counter of its own, so neither moves. These are seen
   by comparing the first and last ``EDGE_BYTES`` of each weight's memory with
   what was baked. An edit through ``.data`` that leaves both ends of a weight
-  alone is not seen (README, "ONNX export"). So is one to an inference
-  tensor (a model built under ``inference_mode``), which has no version counter.
+  alone is not seen (README, "ONNX export"), nor is such an edit of an
+  inference tensor (a model built under ``inference_mode``), which has no
+  version counter to move.
 
 The bytes are read by one numpy gather over the span of memory that holds the
 weights, at the addresses of their edges: 8 µs for efficientnet_b0's 311
