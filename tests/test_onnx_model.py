@@ -194,3 +194,35 @@ def test_seeded_ops_leave_onnx_runtime_only_where_they_draw_random_numbers():
     assert not_as_in_torch(
         node(aten._native_batch_norm_legit_functional.default, x, x, x, x, x, True, 0.1, 1e-5)
     )
+
+
+@torch.no_grad()
+def test_avg_pool_with_a_divisor_override_is_computed_as_torch_does():
+    # torchlib drops divisor_override: the pooled values came back 0.46 off.
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1), torch.nn.AvgPool2d(2, divisor_override=3)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x))
+
+
+@torch.no_grad()
+def test_a_translation_that_computes_something_else_falls_back_on_its_first_call(monkeypatch):
+    """Any exporter or ORT bug of the kinds above: the region's first call is also run
+    by torch, and a region whose outputs differ falls back with the reason."""
+    import warnings
+
+    import dispatch.routes.onnxrt as onnxrt_route
+    from dispatch.stitch import FallbackWarning
+
+    real = onnxrt_route._session_runner
+
+    def off_by_a_half(gm, args, frozen):
+        run = real(gm, args, frozen)
+        return lambda *a: tuple(t + 0.5 for t in run(*a))
+
+    monkeypatch.setattr(onnxrt_route, "_session_runner", off_by_a_half)
+    model, x = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()).eval(), torch.randn(8, 64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x))
+    (warning,) = [w for w in caught if issubclass(w.category, FallbackWarning)]
+    assert "differs from torch's on its first call" in str(warning.message)

@@ -110,6 +110,9 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
         "with_update" in str(target) or _arguments(node).get("training") is True
     ):
         return f"{target} in training mode: ONNX Runtime's BatchNormalization runs inference only"
+    if "avg_pool" in str(target) and _arguments(node).get("divisor_override") is not None:
+        # torchlib's avg_pool drops the argument (a TODO in its source): 0.46 off.
+        return f"{target} with divisor_override: the ONNX exporter ignores it"
     return None
 
 

@@ -1,4 +1,14 @@
-"""The onnxrt route's outputs in the layout the graph was traced with.
+"""The onnxrt route's outputs: checked against torch on the first call, and in the
+layout the graph was traced with.
+
+A translation that computes something else (torchlib's avg_pool drops
+``divisor_override``; ORT's optimizer removes Dropout) gives wrong numbers
+silently. So a region's first call is also run by torch, on copies of its
+inputs, and a region whose floating outputs differ by more than a precision
+difference can explain fails to compile: it falls back, with the error in the
+warning and in ``explain``. The bar is loose on purpose (1% of the output's
+scale in float32, 5% in half precision): ONNX Runtime sums in other orders
+than torch, and a region must not leave it for that.
 
 ONNX Runtime returns every output contiguous. Eager returns the traced strides
 and inductor keeps them (``keep_output_stride``), and code after the model may
@@ -8,11 +18,13 @@ feature map and raises on a contiguous one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
+from ..errors import DispatchError
 from .base import CompiledFn
 
 
@@ -65,3 +77,41 @@ def output_values(gm: torch.fx.GraphModule) -> list[Any]:
     (out,) = gm.graph.find_nodes(op="output")
     values = out.args[0] if isinstance(out.args[0], (list, tuple)) else (out.args[0],)
     return [v.meta.get("val") if isinstance(v, torch.fx.Node) else v for v in values]
+
+
+def checked_against_torch(
+    run: CompiledFn, gm: torch.fx.GraphModule, args: Sequence[Any], weights: Sequence[int]
+) -> CompiledFn:
+    """``run``, once its outputs on copies of ``args`` were found to be torch's (``gm``
+    run eagerly); raises ``DispatchError`` naming the output where they are not.
+    The ``weights`` positions (never written by the region) are not copied: a large
+    model's weights would double its memory. Integer and boolean outputs are not
+    compared: ties in a sort or top-k may be broken either way."""
+    unchanged = set(weights)
+
+    def copies() -> list[Any]:
+        return [
+            a.clone() if isinstance(a, torch.Tensor) and k not in unchanged else a for k, a in enumerate(args)
+        ]
+
+    expected = gm(*copies())
+    got = run(*copies())
+    expected = expected if isinstance(expected, (list, tuple)) else (expected,)
+    for k, (e, g) in enumerate(zip(expected, got)):
+        if not isinstance(e, torch.Tensor) or not e.is_floating_point() or e.numel() == 0:
+            continue
+        bar = _RELATIVE_BAR.get(e.dtype, 1e-2)
+        e, g = e.detach().float(), g.detach().float()
+        scale = max(1.0, float(e.abs().nan_to_num(posinf=0, neginf=0).max()))
+        differs = (g - e).abs().masked_fill(e == g, 0).masked_fill(e.isnan() & g.isnan(), 0)
+        error = float(differs.nan_to_num(nan=float("inf")).max())
+        if error > bar * scale:
+            raise DispatchError(
+                f"onnxrt: output {k} of the region differs from torch's on its first call "
+                f"(max error {error:.2g} on values up to {scale:.2g}): the ONNX translation "
+                "computes something else"
+            )
+    return run
+
+
+_RELATIVE_BAR = {torch.float16: 5e-2, torch.bfloat16: 5e-2}

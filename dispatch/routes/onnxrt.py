@@ -45,7 +45,7 @@ from .base import (
 from .onnx_export import export_region, fed_positions
 from .onnx_model import OnnxModel
 from .onnx_ops import export_opset, not_as_in_torch, translatable
-from .onnx_outputs import in_traced_layout, output_values
+from .onnx_outputs import checked_against_torch, in_traced_layout, output_values
 from .onnx_threads import ONE, POOL, TRIAL, ThreadCountTrial, thread_plan
 from .registry import registry
 
@@ -166,6 +166,7 @@ class _FrozenWeightsRunner:
         self.rebaked = False
         self.baked: BakedWeights | None = None
         self._build(example_inputs)
+        self.run = checked_against_torch(self.run, gm, example_inputs, self.frozen)
 
     def _build(self, args: Sequence[Any]) -> None:
         self.baked = BakedWeights(args, self.frozen) if self.frozen else None
