@@ -165,6 +165,7 @@ class _FrozenWeightsRunner:
         self.frozen = marked_static_positions(gm)
         self.rebaked = False
         self.baked: BakedWeights | None = None
+        self.run: CompiledFn  # set by _build
         self._build(example_inputs)
         self.run = checked_against_torch(self.run, gm, example_inputs, self.frozen)
 
