@@ -226,3 +226,38 @@ def test_a_translation_that_computes_something_else_falls_back_on_its_first_call
         torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x))
     (warning,) = [w for w in caught if issubclass(w.category, FallbackWarning)]
     assert "differs from torch's on its first call" in str(warning.message)
+
+
+class _MaskedAttention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(16, 16)
+
+    def forward(self, x, mask):
+        q = self.q(x).view(2, 8, 2, 8).transpose(1, 2)
+        k = v = x.view(2, 8, 2, 8).transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
+@torch.no_grad()
+def test_a_query_whose_keys_are_all_masked_gets_zeros_as_in_torch(dtype):
+    """A left-padded batch: causal, and the padding queries see no key. torch's
+    kernel returns zeros there, ORT's translation NaN; the first call had no
+    padding, so the check against torch could not see it (LLaMA came back NaN)."""
+    causal = torch.ones(8, 8, dtype=torch.bool).tril()
+    padded = causal.clone().expand(2, 1, 8, 8).clone()
+    padded[1, :, :, :3] = False  # batch row 1: three padding positions on the left
+
+    def as_mask(allowed):
+        if dtype == torch.bool:
+            return allowed
+        return torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+
+    model, x = _MaskedAttention().eval(), torch.randn(2, 8, 16)
+    compiled = torch.compile(model, backend="auto", options={"strict": True})
+    full = causal.expand(2, 1, 8, 8).clone()
+    torch.testing.assert_close(compiled(x, as_mask(full)), model(x, as_mask(full)))
+    out, expected = compiled(x, as_mask(padded)), model(x, as_mask(padded))
+    assert not expected.isnan().any()
+    torch.testing.assert_close(out, expected)

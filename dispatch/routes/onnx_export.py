@@ -52,6 +52,7 @@ def export_region(
             dynamic.append(_dynamic_axes(node))
     _sizes_from_tensors(graph)
     _linear_from_transposed_constants(graph)
+    _attention_rows_all_masked_as_torch(graph)
     _attention_with_grouped_heads(graph)
     module = torch.fx.GraphModule(root, graph)
     dynamic_shapes = tuple(dynamic) if any(dynamic) else None
@@ -169,6 +170,50 @@ _FUSED_ATTENTION = {
     "_scaled_dot_product_efficient_attention": "attn_bias",
     "_scaled_dot_product_cudnn_attention": "attn_bias",
 }
+
+
+def _attention_rows_all_masked_as_torch(graph: torch.fx.Graph) -> None:
+    """A fused attention op with a mask gives zeros, as torch's kernels do, for a
+    query whose keys are all masked: such a row's mask is lifted and its output
+    multiplied by zero.
+
+    ORT's translation takes the softmax of a row of -inf and returns NaN there:
+    a left-padded LLaMA batch (its padding queries see no key) came back NaN
+    where eager's output has none."""
+    aten = torch.ops.aten
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        mask_name = _FUSED_ATTENTION.get(node.target._opname)
+        names = [a.name for a in node.target._schema.arguments]
+        if mask_name is None or mask_name not in names:
+            continue
+        position = names.index(mask_name)
+        mask = node.args[position] if position < len(node.args) else node.kwargs.get(mask_name)
+        value = tensor_value(mask)
+        if value is None or value.dim() < 2:
+            continue
+        with graph.inserting_before(node):
+            if value.dtype == torch.bool:
+                seen = graph.call_function(aten.any.dim, (mask, -1, True))
+                lifted = graph.call_function(
+                    aten.logical_or.default, (mask, graph.call_function(aten.logical_not.default, (seen,)))
+                )
+            else:
+                allowed = graph.call_function(aten.ne.Scalar, (mask, float("-inf")))
+                seen = graph.call_function(aten.any.dim, (allowed, -1, True))
+                unseen = graph.call_function(aten.logical_not.default, (seen,))
+                lifted = graph.call_function(aten.masked_fill.Scalar, (mask, unseen, 0.0))
+        if position < len(node.args):
+            node.update_arg(position, lifted)
+        else:
+            node.update_kwarg(mask_name, lifted)
+        for user in list(node.users):
+            if user.target is not operator.getitem or user.args[1] != 0:
+                continue
+            with graph.inserting_after(user):
+                zeroed = graph.call_function(aten.mul.Tensor, (user, seen))
+            user.replace_all_uses_with(zeroed, delete_user_cb=lambda n, keep=zeroed: n is not keep)
 
 
 def _attention_with_grouped_heads(graph: torch.fx.Graph) -> None:
