@@ -20,7 +20,7 @@ import torch.fx
 
 from ..inspect import META_VAL, tensor_value
 from .onnx_model import OnnxModel
-from .onnx_ops import export_opset, onnx_registry, quiet_loggers
+from .onnx_ops import arguments_by_name, export_opset, onnx_registry, quiet_loggers
 
 
 def export_region(
@@ -185,11 +185,10 @@ def _attention_rows_all_masked_as_torch(graph: torch.fx.Graph) -> None:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         mask_name = _FUSED_ATTENTION.get(node.target._opname)
-        names = [a.name for a in node.target._schema.arguments]
-        if mask_name is None or mask_name not in names:
+        if mask_name is None:
             continue
-        position = names.index(mask_name)
-        mask = node.args[position] if position < len(node.args) else node.kwargs.get(mask_name)
+        arguments = arguments_by_name(node)
+        mask = arguments.get(mask_name)
         value = tensor_value(mask)
         if value is None or value.dim() < 2:
             continue
@@ -204,10 +203,7 @@ def _attention_rows_all_masked_as_torch(graph: torch.fx.Graph) -> None:
                 seen = graph.call_function(aten.any.dim, (allowed, -1, True))
                 unseen = graph.call_function(aten.logical_not.default, (seen,))
                 lifted = graph.call_function(aten.masked_fill.Scalar, (mask, unseen, 0.0))
-        if position < len(node.args):
-            node.update_arg(position, lifted)
-        else:
-            node.update_kwarg(mask_name, lifted)
+        node.args, node.kwargs = (), {**arguments, mask_name: lifted}
         for user in list(node.users):
             if user.target is not operator.getitem or user.args[1] != 0:
                 continue
@@ -234,8 +230,7 @@ def _attention_with_grouped_heads(graph: torch.fx.Graph) -> None:
         name = node.target._opname
         if name not in _FUSED_ATTENTION:
             continue
-        arguments = dict(zip((a.name for a in node.target._schema.arguments), node.args))
-        arguments.update(node.kwargs)
+        arguments = arguments_by_name(node)
         query, key, value = (arguments[n] for n in ("query", "key", "value"))
         q, k = tensor_value(query), tensor_value(key)
         if q is None or k is None or q.dim() != 4 or k.dim() != 4:

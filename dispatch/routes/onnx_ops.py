@@ -107,10 +107,10 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
             "sessions and does not follow torch's generator (torch.manual_seed)"
         )
     if "batch_norm" in str(target) and (
-        "with_update" in str(target) or _arguments(node).get("training") is True
+        "with_update" in str(target) or arguments_by_name(node).get("training") is True
     ):
         return f"{target} in training mode: ONNX Runtime's BatchNormalization runs inference only"
-    if "avg_pool" in str(target) and _arguments(node).get("divisor_override") is not None:
+    if "avg_pool" in str(target) and arguments_by_name(node).get("divisor_override") is not None:
         # torchlib's avg_pool drops the argument (a TODO in its source): 0.46 off.
         return f"{target} with divisor_override: the ONNX exporter ignores it"
     return None
@@ -122,22 +122,19 @@ def _draws_random_numbers(node: torch.fx.Node) -> bool:
     or ``train=False``."""
     if torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ()):
         return False
-    arguments = _arguments(node)
+    arguments = arguments_by_name(node)
     if "dropout_p" in arguments:
         return arguments["dropout_p"] != 0
     switched_off = arguments.get("train") is False or ("train" in arguments and arguments.get("p") == 0)
     return not switched_off
 
 
-def _arguments(node: torch.fx.Node) -> dict[str, Any]:
-    """The node's arguments by their schema names, defaults filled in."""
-    schema = getattr(node.target, "_schema", None)
-    found: dict[str, Any] = {}
-    for k, argument in enumerate(schema.arguments if schema else ()):
-        if k < len(node.args):
-            found[argument.name] = node.args[k]
-        elif argument.name in node.kwargs:
-            found[argument.name] = node.kwargs[argument.name]
-        elif argument.has_default_value():
-            found[argument.name] = argument.default_value
-    return found
+def arguments_by_name(node: torch.fx.Node) -> dict[str, Any]:
+    """The node's arguments by their schema names, defaults filled in (torch.fx's own
+    normalisation; empty where it cannot match the target's schema)."""
+    from torch.fx.operator_schemas import normalize_function
+
+    if not callable(node.target):
+        return {}
+    normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+    return dict(normalized.kwargs) if normalized else {}

@@ -192,8 +192,8 @@ class _FrozenWeightsRunner:
             "them as inputs, read on every call (no BatchNorm folding or weight pre-packing)",
             self.calls,
         )
-        self.frozen, self.baked = [], None
-        self.run = _session_runner(self.gm, args, frozenset())
+        self.frozen = []
+        self._build(args)
 
 
 def _cached_export(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> OnnxModel:
