@@ -101,3 +101,15 @@ class GroupedQueryAttention(torch.nn.Module):
             q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True
         )
         return self.out(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class SpectralFilter(torch.nn.Module):
+    """Linear -> rfft -> scale by magnitude -> irfft -> ReLU: complex values inside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = torch.fft.rfft(self.a(x), dim=-1)
+        return torch.fft.irfft(f * f.abs(), n=32, dim=-1).relu()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import dispatch
-from tests.models import MLP, CustomOpMLP, GroupedQueryAttention, scaled_tanh
+from tests.models import MLP, CustomOpMLP, GroupedQueryAttention, SpectralFilter, scaled_tanh
 
 
 def test_backend_is_registered_and_listed():
@@ -464,3 +464,15 @@ def test_grouped_query_attention_runs_on_onnxrt(masked):
     assert any("scaled_dot_product" in op for op in region.ops)
     compiled = torch.compile(model, backend="auto", options={"strict": True})
     torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_a_model_with_complex_values_inside_runs_without_a_fallback():
+    # irfft's region took a complex64 input that ONNX Runtime cannot bind: it
+    # failed on the first call and fell back to eager with a FallbackWarning.
+    model = SpectralFilter().eval()
+    x = torch.randn(4, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dispatch.stitch.FallbackWarning)
+        out = torch.compile(model, backend="auto")(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)

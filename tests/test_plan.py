@@ -6,7 +6,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import dispatch
 from tests.conftest import fake_inputs, on_fake_device
-from tests.models import MLP, CustomOpMLP, scaled_tanh
+from tests.models import MLP, CustomOpMLP, SpectralFilter, scaled_tanh
 
 
 def fake_plan(model, device, *shapes, dtype=torch.float32, **options):
@@ -297,3 +297,12 @@ def test_model_and_inputs_on_different_devices_say_what_to_move():
     with pytest.raises(dispatch.DispatchError, match="weights are on cpu and its inputs on mps") as error:
         dispatch.plan(torch.fx.symbolic_trace(MLP()), [x])
     assert "device='mps'" in str(error.value)
+
+
+def test_ops_that_read_complex_values_stay_off_onnxrt():
+    # irfft takes a complex tensor and returns a real one: on onnxrt its region had a
+    # complex64 input that ONNX Runtime cannot bind, and fell back with a warning.
+    plan = fake_plan(SpectralFilter(), "cpu", (4, 32))
+    (inverse,) = [r for r in plan.regions if "aten._fft_c2r.default" in r.ops]
+    assert inverse.route != "onnxrt"
+    assert "complex64" in inverse.rejected["onnxrt"]

@@ -108,7 +108,9 @@ class OnnxRoute(Route):
         unlike = not_as_in_torch(node)
         if unlike:
             return unlike
-        for t in tensor_values(node):
+        # Inputs too: an op that takes a complex tensor and returns a real one
+        # (irfft) would give its region a complex input, which ORT cannot bind.
+        for t in [*tensor_values(node), *(t for a in node.all_input_nodes for t in tensor_values(a))]:
             if t.dtype in _NO_NUMPY_DTYPE or t.is_complex():
                 return f"dtype {t.dtype} is not run by onnxrt here"
             if t.is_sparse or t.layout != torch.strided:
