@@ -228,6 +228,55 @@ def test_a_translation_that_computes_something_else_falls_back_on_its_first_call
     assert "differs from torch's on its first call" in str(warning.message)
 
 
+@torch.no_grad()
+def test_a_translation_that_returns_another_dtype_falls_back_on_its_first_call(monkeypatch):
+    import warnings
+
+    import dispatch.routes.onnxrt as onnxrt_route
+    from dispatch.stitch import FallbackWarning
+
+    real = onnxrt_route._session_runner
+
+    def in_double(gm, args, frozen):
+        run = real(gm, args, frozen)
+        return lambda *a: tuple(t.double() for t in run(*a))
+
+    monkeypatch.setattr(onnxrt_route, "_session_runner", in_double)
+    model, x = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()).eval(), torch.randn(8, 64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(model, backend="auto")(x)
+    assert out.dtype == torch.float32
+    (warning,) = [w for w in caught if issubclass(w.category, FallbackWarning)]
+    assert "torch.float64 of shape (8, 64)" in str(warning.message)
+
+
+class _SumOfLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.a(x).sum(0), x.sum(-1)
+
+
+@torch.no_grad()
+def test_a_float16_sum_comes_back_float16_from_onnx_runtime():
+    """torchlib sums float16 in float32 and returned the float32 sum: the zoo's
+    data-dependent model in float16 returned float32 where eager returns float16."""
+    import warnings
+
+    from dispatch.stitch import FallbackWarning
+
+    model, x = _SumOfLinear().half().eval(), torch.randn(5, 16).half()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)  # ORT must run it, not eager
+        got = torch.compile(model, backend="auto")(x)
+    for g, e in zip(got, model(x)):
+        assert g.dtype == torch.float16
+        torch.testing.assert_close(g, e, rtol=1e-2, atol=1e-2)  # ORT's float16 Gemm rounds otherwise
+
+
 class _MaskedAttention(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

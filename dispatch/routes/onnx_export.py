@@ -21,6 +21,7 @@ import torch.fx
 from ..inspect import META_VAL, tensor_value
 from .onnx_model import OnnxModel
 from .onnx_ops import arguments_by_name, export_opset, onnx_registry, quiet_loggers
+from .onnx_outputs import output_values
 
 
 def export_region(
@@ -58,7 +59,39 @@ def export_region(
     dynamic_shapes = tuple(dynamic) if any(dynamic) else None
     with _exporters_quiet(), torch.no_grad():
         program = _export(module, tuple(args), dynamic_shapes)
+    _outputs_in_traced_dtypes(program.model, gm)
     return OnnxModel.from_ir(program.model)
+
+
+def _outputs_in_traced_dtypes(model: Any, gm: torch.fx.GraphModule) -> None:
+    """Cast each output of the ``onnx_ir`` model ``model`` whose element type is not
+    the dtype ``gm`` traced for it to that dtype.
+
+    torchlib sums a float16 tensor in float32 (ONNX Runtime's float16 ReduceSum
+    accumulates in float16) and returns the float32 sum: a float16 model whose
+    graph ended in ``sum`` returned float32 where eager returns float16, and the
+    next op that mixed it with a float16 tensor raised. Torch sums float16 in
+    float32 too and rounds once at the end, so the cast gives torch's values."""
+    import onnx_ir as ir
+
+    traced = output_values(gm)
+    outputs = model.graph.outputs
+    if len(traced) != len(outputs):
+        return  # the session's output count check names this mismatch
+    for k, (value, expected) in enumerate(zip(list(outputs), traced)):
+        if not isinstance(expected, torch.Tensor) or expected.dtype == torch.bool:
+            continue  # booleans: ORT's bool arrives as uint8 and is viewed back (onnxrt.py)
+        try:
+            want = ir.DataType.from_numpy(torch.empty((), dtype=expected.dtype).numpy().dtype)
+        except TypeError:
+            continue  # no numpy dtype (bfloat16): ORT is never planned to produce one
+        if value.dtype is None or value.dtype == want:
+            continue
+        cast = ir.node("Cast", [value], {"to": want}, name=f"{value.name}_as_traced")
+        model.graph.append(cast)
+        result = cast.outputs[0]
+        result.name, result.dtype, result.shape = f"{value.name}_as_traced", want, value.shape
+        outputs[k] = result
 
 
 # The exporter and the ONNX optimizer passes it runs log their progress and

@@ -2,11 +2,12 @@
 layout the graph was traced with.
 
 A translation that computes something else (torchlib's avg_pool drops
-``divisor_override``; ORT's optimizer removes Dropout) gives wrong numbers
-silently. So a region's first call is also run by torch, on copies of its
-inputs, and a region whose floating outputs differ by more than a precision
-difference can explain fails to compile: it falls back, with the error in the
-warning and in ``explain``. The bar is loose on purpose (1% of the output's
+``divisor_override``; ORT's optimizer removes Dropout; torchlib returns a
+float16 sum as float32) gives wrong results silently. So a region's first call
+is also run by torch, on copies of its inputs, and a region whose outputs have
+another dtype or shape than torch's, or floating values further from torch's
+than a precision difference explains, fails to compile: it falls back, with
+the error in the warning and in ``explain``. The bar is loose on purpose (1% of the output's
 scale in float32, 5% in half precision): ONNX Runtime sums in other orders
 than torch, and a region must not leave it for that.
 
@@ -83,7 +84,8 @@ def checked_against_torch(
     run: CompiledFn, gm: torch.fx.GraphModule, args: Sequence[Any], weights: Sequence[int]
 ) -> CompiledFn:
     """``run``, once its outputs on copies of ``args`` were found to be torch's (``gm``
-    run eagerly); raises ``DispatchError`` naming the output where they are not.
+    run eagerly); raises ``DispatchError`` naming the output where they are not,
+    or where its dtype or shape is not torch's.
     The ``weights`` positions (never written by the region) are not copied: a large
     model's weights would double its memory. Integer and boolean outputs are not
     compared: ties in a sort or top-k may be broken either way."""
@@ -98,7 +100,15 @@ def checked_against_torch(
     got = run(*copies())
     expected = expected if isinstance(expected, (list, tuple)) else (expected,)
     for k, (e, g) in enumerate(zip(expected, got)):
-        if not isinstance(e, torch.Tensor) or not e.is_floating_point() or e.numel() == 0:
+        if not isinstance(e, torch.Tensor):
+            continue
+        if g.dtype != e.dtype or g.shape != e.shape:
+            raise DispatchError(
+                f"onnxrt: output {k} of the region is {g.dtype} of shape {tuple(g.shape)} on its first "
+                f"call, torch's is {e.dtype} of shape {tuple(e.shape)}: the ONNX translation returns "
+                "something else"
+            )
+        if not e.is_floating_point() or e.numel() == 0:
             continue
         bar = _RELATIVE_BAR.get(e.dtype, 1e-2)
         e, g = e.detach().float(), g.detach().float()
