@@ -266,6 +266,28 @@ def test_a_route_that_fails_to_lower_falls_back_for_that_region_alone(monkeypatc
 
 
 @torch.no_grad()
+def test_an_onnx_translation_that_computes_something_else_is_caught_when_lowering(monkeypatch):
+    # Under torch.compile each onnxrt region's first call is checked against torch;
+    # a lowered program ran whatever the translation computed.
+    import dispatch.routes.onnxrt as onnxrt_route
+
+    real = onnxrt_route.threaded_session
+
+    def off_by_a_half(*args, **kwargs):
+        run = real(*args, **kwargs)
+        return lambda *a: tuple(t + 0.5 for t in run(*a))
+
+    monkeypatch.setattr(onnxrt_route, "threaded_session", off_by_a_half)
+    model, x = MLP().eval(), torch.randn(2, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        program = dispatch.lower(model, (x,))
+    (region,) = program.regions
+    assert region.route == "eager" and "differs from torch's" in region.rejected["onnxrt"]
+    assert any(issubclass(w.category, FallbackWarning) for w in caught)
+    torch.testing.assert_close(program(x), model(x))
+
+
 def test_damaged_files_and_other_formats_raise_program_file_errors(tmp_path):
     path = tmp_path / "mlp.dispatch"
     dispatch.lower(MLP().eval(), (torch.randn(2, 8),)).save(path)

@@ -47,7 +47,8 @@ class Availability:
 @dataclass
 class RegionProgram:
     """One region handed to ``preprocess`` or ``load``: its aten graph, and its real
-    inputs when lowering (None when loading: a route's payload must not need them)."""
+    inputs when lowering (None when loading a saved program: a route's payload
+    must not need them; ``load`` may use them to check its first call)."""
 
     gm: torch.fx.GraphModule
     example_inputs: Sequence[Any] | None = None

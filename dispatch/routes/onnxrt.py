@@ -143,8 +143,15 @@ class OnnxRoute(Route):
         count = len(output_values(region.gm))
         device = torch.device(specs["device"])
         threads = str(specs.get("threads") or (ONE if specs["small"] else POOL))
-        run = threaded_session(model, device, threads, list(specs["fed"]), list(specs["bools"]), count)
-        return in_traced_layout(run, region.gm)
+        fed = list(specs["fed"])
+        run = in_traced_layout(
+            threaded_session(model, device, threads, fed, list(specs["bools"]), count), region.gm
+        )
+        if region.example_inputs is not None:
+            # Lowering: the first call is checked against torch, as under torch.compile.
+            args = region.example_inputs
+            run = checked_against_torch(run, region.gm, args, [i for i in range(len(args)) if i not in fed])
+        return run
 
 
 class _FrozenWeightsRunner:
