@@ -1,6 +1,7 @@
 """The onnxrt route bakes weights into its ONNX model: every way a user changes a
 weight after the first call must reach the next call, as it does under inductor."""
 
+import pytest
 import torch
 
 from dispatch.routes.baked_weights import EDGE_BYTES, BakedWeights
@@ -115,3 +116,38 @@ def test_a_model_built_under_inference_mode_runs_on_onnx_runtime():
             torch.testing.assert_close(compiled(x), model(x))
             model.net[0].weight.mul_(2)  # in place, inside inference_mode
             torch.testing.assert_close(compiled(x), model(x))
+
+
+@pytest.mark.parametrize("freezing", [False, True])
+@torch.no_grad()
+def test_weights_are_checked_on_every_call_unless_inductor_freezing_is_on(monkeypatch, freezing):
+    # freezing is the user's promise to torch.compile that weights never change
+    # after compiling: inductor checks nothing then, and neither does onnxrt.
+    import torch._inductor.config
+
+    checks = []
+    real = BakedWeights.changed
+
+    def counted(self, args):
+        checks.append(1)
+        return real(self, args)
+
+    monkeypatch.setattr(BakedWeights, "changed", counted)
+    model, x = MLP().eval(), torch.randn(4, 16)
+    with torch._inductor.config.patch(freezing=freezing):
+        compiled = torch.compile(model, backend="auto")
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x))
+    assert len(checks) == (0 if freezing else 3)
+
+
+def test_freezing_is_read_from_the_environment_while_inductor_is_not_imported(monkeypatch):
+    import sys
+
+    from dispatch.routes.onnxrt import weights_frozen_by_user
+
+    monkeypatch.delitem(sys.modules, "torch._inductor.config", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_FREEZING", "1")
+    assert weights_frozen_by_user()
+    monkeypatch.setenv("TORCHINDUCTOR_FREEZING", "0")
+    assert not weights_frozen_by_user()

@@ -16,6 +16,8 @@ import functools
 import importlib
 import importlib.util
 import logging
+import os
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -167,6 +169,11 @@ class _FrozenWeightsRunner:
     would re-export on every call, seconds each: once a re-exported region
     runs fewer than ``MIN_CALLS_PER_BAKE`` calls before its weights change
     again, it takes them as inputs, read live on every call.
+
+    Under inductor's ``freezing`` (``torch._inductor.config.freezing``,
+    ``TORCHINDUCTOR_FREEZING=1``) the user has told torch.compile that weights
+    never change after compiling, so nothing is checked, as inductor checks
+    nothing then.
     """
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
@@ -179,7 +186,7 @@ class _FrozenWeightsRunner:
         self.run = checked_against_torch(self.run, gm, example_inputs, self.frozen)
 
     def _build(self, args: Sequence[Any]) -> None:
-        self.baked = BakedWeights(args, self.frozen) if self.frozen else None
+        self.baked = BakedWeights(args, self.frozen) if self.frozen and not weights_frozen_by_user() else None
         self.calls = 0
         self.run = _session_runner(self.gm, args, frozenset(self.frozen))
 
@@ -203,6 +210,17 @@ class _FrozenWeightsRunner:
         )
         self.frozen = []
         self._build(args)
+
+
+def weights_frozen_by_user() -> bool:
+    """Whether inductor's ``freezing`` is on: the user's promise that weights do not
+    change after compiling."""
+    # Read where the user set it, without importing torch._inductor (a second on a
+    # warm start that compiles nothing with it): an unimported config is its default.
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        return bool(getattr(config, "freezing", False))
+    return os.environ.get("TORCHINDUCTOR_FREEZING", "0") == "1"
 
 
 def _cached_export(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> OnnxModel:
