@@ -139,15 +139,3 @@ def test_weights_are_checked_on_every_call_unless_inductor_freezing_is_on(monkey
         for _ in range(3):
             torch.testing.assert_close(compiled(x), model(x))
     assert len(checks) == (0 if freezing else 3)
-
-
-def test_freezing_is_read_from_the_environment_while_inductor_is_not_imported(monkeypatch):
-    import sys
-
-    from dispatch.routes.onnxrt import weights_frozen_by_user
-
-    monkeypatch.delitem(sys.modules, "torch._inductor.config", raising=False)
-    monkeypatch.setenv("TORCHINDUCTOR_FREEZING", "1")
-    assert weights_frozen_by_user()
-    monkeypatch.setenv("TORCHINDUCTOR_FREEZING", "0")
-    assert not weights_frozen_by_user()

@@ -69,9 +69,9 @@ def _outputs_in_traced_dtypes(model: Any, gm: torch.fx.GraphModule) -> None:
 
     torchlib sums a float16 tensor in float32 (ONNX Runtime's float16 ReduceSum
     accumulates in float16) and returns the float32 sum: a float16 model whose
-    graph ended in ``sum`` returned float32 where eager returns float16, and the
-    next op that mixed it with a float16 tensor raised. Torch sums float16 in
-    float32 too and rounds once at the end, so the cast gives torch's values."""
+    graph ended in ``sum`` returned float32 where eager returns float16. Torch
+    sums float16 in float32 too and rounds once at the end, so the cast gives
+    torch's values."""
     import onnx_ir as ir
 
     traced = output_values(gm)

@@ -7,9 +7,9 @@ float16 sum as float32) gives wrong results silently. So a region's first call
 is also run by torch, on copies of its inputs, and a region whose outputs have
 another dtype or shape than torch's, or floating values further from torch's
 than a precision difference explains, fails to compile: it falls back, with
-the error in the warning and in ``explain``. The bar is loose on purpose (1% of the output's
-scale in float32, 5% in half precision): ONNX Runtime sums in other orders
-than torch, and a region must not leave it for that.
+the error in the warning and in ``explain``. The bar is loose on purpose (1%
+of the output's scale in float32, 5% in half precision): ONNX Runtime sums in
+other orders than torch, and a region must not leave it for that.
 
 ONNX Runtime returns every output contiguous. Eager returns the traced strides
 and inductor keeps them (``keep_output_stride``), and code after the model may
@@ -87,8 +87,8 @@ def checked_against_torch(
     run eagerly); raises ``DispatchError`` naming the output where they are not,
     or where its dtype or shape is not torch's.
     The ``weights`` positions (never written by the region) are not copied: a large
-    model's weights would double its memory. Integer and boolean outputs are not
-    compared: ties in a sort or top-k may be broken either way."""
+    model's weights would double its memory. The values of integer and boolean
+    outputs are not compared: ties in a sort or top-k may be broken either way."""
     unchanged = set(weights)
 
     def copies() -> list[Any]:

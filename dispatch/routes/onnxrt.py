@@ -16,8 +16,6 @@ import functools
 import importlib
 import importlib.util
 import logging
-import os
-import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -213,14 +211,11 @@ class _FrozenWeightsRunner:
 
 
 def weights_frozen_by_user() -> bool:
-    """Whether inductor's ``freezing`` is on: the user's promise that weights do not
-    change after compiling."""
-    # Read where the user set it, without importing torch._inductor (a second on a
-    # warm start that compiles nothing with it): an unimported config is its default.
-    config = sys.modules.get("torch._inductor.config")
-    if config is not None:
-        return bool(getattr(config, "freezing", False))
-    return os.environ.get("TORCHINDUCTOR_FREEZING", "0") == "1"
+    """Whether inductor's ``freezing`` is on (``TORCHINDUCTOR_FREEZING=1`` sets it):
+    the user's promise that weights do not change after compiling."""
+    from torch._inductor import config  # Dynamo imported it before any backend ran
+
+    return bool(config.freezing)
 
 
 def _cached_export(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> OnnxModel:
