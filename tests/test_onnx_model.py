@@ -277,6 +277,35 @@ def test_a_float16_sum_comes_back_float16_from_onnx_runtime():
         torch.testing.assert_close(g, e, rtol=1e-2, atol=1e-2)  # ORT's float16 Gemm rounds otherwise
 
 
+class _IndexedByInt32(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(6, 6)
+
+    def forward(self, x, idx):
+        h = self.a(x).relu()
+        picked = h[idx] * 2
+        updated = h.clone()
+        updated[idx] = picked + 1
+        return picked, updated
+
+
+@torch.no_grad()
+def test_int32_indices_index_on_onnx_runtime():
+    """torchlib exports ``x[i]`` as GatherND, which ONNX Runtime rejects for int32
+    indices: the whole region around the index fell back to eager, with a warning."""
+    import warnings
+
+    from dispatch.stitch import FallbackWarning
+
+    model, x, idx = _IndexedByInt32().eval(), torch.randn(4, 6), torch.tensor([3, 0, 2], dtype=torch.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        got = torch.compile(model, backend="auto")(x, idx)
+    for g, e in zip(got, model(x, idx)):
+        torch.testing.assert_close(g, e)
+
+
 class _MaskedAttention(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

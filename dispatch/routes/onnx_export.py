@@ -55,6 +55,7 @@ def export_region(
     _linear_from_transposed_constants(graph)
     _attention_rows_all_masked_as_torch(graph)
     _attention_with_grouped_heads(graph)
+    _int64_indices(graph)
     module = torch.fx.GraphModule(root, graph)
     dynamic_shapes = tuple(dynamic) if any(dynamic) else None
     with _exporters_quiet(), torch.no_grad():
@@ -159,6 +160,31 @@ def _sizes_from_tensors(graph: torch.fx.Graph) -> None:
         size.meta[META_VAL] = value
         node.replace_all_uses_with(size)
         graph.erase_node(node)
+
+
+# Advanced indexing exports as GatherND / ScatterND, which take int64 indices only.
+_INDEXING_OPS = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default)
+_NARROW_INDEX_DTYPES = (torch.int8, torch.int16, torch.int32)  # uint8 indices are masks to torch
+
+
+def _int64_indices(graph: torch.fx.Graph) -> None:
+    """``x[i]`` and ``x[i] = v`` with int32 (int16, int8) indices ``i`` index with
+    ``i`` as int64, as torch reads them. Exported as they were, ONNX Runtime
+    rejected the model (GatherND takes int64 indices) and the whole region
+    around the index fell back to eager."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _INDEXING_OPS:
+            continue
+        indices = list(node.args[1])
+        for k, index in enumerate(indices):
+            value = tensor_value(index)
+            if value is None or value.dtype not in _NARROW_INDEX_DTYPES:
+                continue
+            with graph.inserting_before(node):
+                indices[k] = graph.call_function(
+                    torch.ops.aten._to_copy.default, (index,), {"dtype": torch.int64}
+                )
+        node.args = (node.args[0], indices, *node.args[2:])
 
 
 def _linear_from_transposed_constants(graph: torch.fx.Graph) -> None:
