@@ -288,6 +288,7 @@ def test_an_onnx_translation_that_computes_something_else_is_caught_when_lowerin
     torch.testing.assert_close(program(x), model(x))
 
 
+@torch.no_grad()
 def test_damaged_files_and_other_formats_raise_program_file_errors(tmp_path):
     path = tmp_path / "mlp.dispatch"
     dispatch.lower(MLP().eval(), (torch.randn(2, 8),)).save(path)
