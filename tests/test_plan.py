@@ -306,3 +306,14 @@ def test_ops_that_read_complex_values_stay_off_onnxrt():
     (inverse,) = [r for r in plan.regions if "aten._fft_c2r.default" in r.ops]
     assert inverse.route != "onnxrt"
     assert "complex64" in inverse.rejected["onnxrt"]
+
+
+def test_float64_stays_off_onnxrt():
+    # ONNX Runtime's CPU provider has no float64 Conv or GELU: a float64 region
+    # holding one failed to load and fell back whole; its float64 GEMM ran a SiLU
+    # MLP 3.2x slower than eager.
+    plan = fake_plan(MLP().double(), "cpu", (4, 16), dtype=torch.float64)
+    assert all(r.route != "onnxrt" for r in plan.regions)
+    assert all("float64" in r.rejected["onnxrt"] for r in plan.regions)
+    mixed = fake_plan(MLP(), "cpu", (4, 16))  # float32 beside it: unchanged
+    assert [r.route for r in mixed.regions] == ["onnxrt"]

@@ -52,6 +52,11 @@ from .registry import registry
 log = logging.getLogger("dispatch")
 
 _NO_NUMPY_DTYPE = (torch.bfloat16, torch.complex32)
+# Measured, benchmarks/README.md ("float64 on CPU").
+_FLOAT64_REASON = (
+    "dtype torch.float64 stays off onnxrt: ONNX Runtime's CPU provider has no float64 Conv, pooling, "
+    "Erf or GELU (a region holding one failed whole), and ran a float64 SiLU MLP 3.2x slower than eager"
+)
 _ENTRY_FORMAT = "graph+initializers"  # cache entries of the format of onnx_model.py
 # A re-bake that ran fewer calls than this before the weights changed again
 # takes the region off baking (a re-export costs seconds; running unbaked, a
@@ -113,6 +118,8 @@ class OnnxRoute(Route):
         for t in [*tensor_values(node), *(t for a in node.all_input_nodes for t in tensor_values(a))]:
             if t.dtype in _NO_NUMPY_DTYPE or t.is_complex():
                 return f"dtype {t.dtype} is not run by onnxrt here"
+            if t.dtype == torch.float64:
+                return _FLOAT64_REASON
             if t.is_sparse or t.layout != torch.strided:
                 return f"layout {t.layout} is not exported to ONNX"
         return None
