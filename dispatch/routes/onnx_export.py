@@ -164,12 +164,13 @@ def _sizes_from_tensors(graph: torch.fx.Graph) -> None:
 
 # Advanced indexing exports as GatherND / ScatterND, which take int64 indices only.
 _INDEXING_OPS = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default)
-_NARROW_INDEX_DTYPES = (torch.int8, torch.int16, torch.int32)  # uint8 indices are masks to torch
+# torch indexes with int64 or int32 tensors (uint8 and bool ones are masks).
+_NARROW_INDEX_DTYPES = (torch.int32,)
 
 
 def _int64_indices(graph: torch.fx.Graph) -> None:
-    """``x[i]`` and ``x[i] = v`` with int32 (int16, int8) indices ``i`` index with
-    ``i`` as int64, as torch reads them. Exported as they were, ONNX Runtime
+    """``x[i]`` and ``x[i] = v`` with int32 indices ``i`` index with ``i`` as
+    int64, as torch reads them. Exported as they were, ONNX Runtime
     rejected the model (GatherND takes int64 indices) and the whole region
     around the index fell back to eager."""
     for node in list(graph.nodes):
