@@ -306,6 +306,28 @@ def test_int32_indices_index_on_onnx_runtime():
         torch.testing.assert_close(g, e)
 
 
+class _HalvedPositions(torch.nn.Module):
+    def forward(self, positions, x):
+        return (positions // 2.0) * x + 1
+
+
+@torch.no_grad()
+def test_an_integer_floor_divided_by_a_float_runs_on_onnx_runtime():
+    # torchlib could not convert floor_divide of an int tensor by a float: the
+    # region around it fell back to eager, with a warning.
+    import warnings
+
+    from dispatch.stitch import FallbackWarning
+
+    model, positions, x = _HalvedPositions(), torch.tensor([3, -7, 2, 9], dtype=torch.int32), torch.randn(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        got = torch.compile(model, backend="auto")(positions, x)
+    expected = model(positions, x)
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected)
+
+
 class _MaskedAttention(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -56,6 +56,7 @@ def export_region(
     _attention_rows_all_masked_as_torch(graph)
     _attention_with_grouped_heads(graph)
     _int64_indices(graph)
+    _floor_divide_in_result_dtype(graph)
     module = torch.fx.GraphModule(root, graph)
     dynamic_shapes = tuple(dynamic) if any(dynamic) else None
     with _exporters_quiet(), torch.no_grad():
@@ -186,6 +187,23 @@ def _int64_indices(graph: torch.fx.Graph) -> None:
                     torch.ops.aten._to_copy.default, (index,), {"dtype": torch.int64}
                 )
         node.args = (node.args[0], indices, *node.args[2:])
+
+
+def _floor_divide_in_result_dtype(graph: torch.fx.Graph) -> None:
+    """``a // 2.0`` of an integer tensor ``a`` divides ``a`` cast to the result's
+    float dtype, as torch's type promotion does first. torchlib could not
+    convert the mixed form and the region around it fell back to eager."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.floor_divide.default:
+            continue
+        value, result = tensor_value(node.args[0]), tensor_value(node)
+        if value is None or result is None or value.dtype == result.dtype:
+            continue
+        with graph.inserting_before(node):
+            cast = graph.call_function(
+                torch.ops.aten._to_copy.default, (node.args[0],), {"dtype": result.dtype}
+            )
+        node.args = (cast, *node.args[1:])
 
 
 def _linear_from_transposed_constants(graph: torch.fx.Graph) -> None:
