@@ -75,6 +75,7 @@ def _outputs_in_traced_dtypes(model: Any, gm: torch.fx.GraphModule) -> None:
     sums float16 in float32 too and rounds once at the end, so the cast gives
     torch's values."""
     import onnx_ir as ir
+    from onnx_ir.tensor_adapters import from_torch_dtype
 
     traced = output_values(gm)
     outputs = model.graph.outputs
@@ -83,10 +84,7 @@ def _outputs_in_traced_dtypes(model: Any, gm: torch.fx.GraphModule) -> None:
     for k, (value, expected) in enumerate(zip(list(outputs), traced)):
         if not isinstance(expected, torch.Tensor) or expected.dtype == torch.bool:
             continue  # booleans: ORT's bool arrives as uint8 and is viewed back (onnxrt.py)
-        try:
-            want = ir.DataType.from_numpy(torch.empty((), dtype=expected.dtype).numpy().dtype)
-        except TypeError:
-            continue  # no numpy dtype (bfloat16): ORT is never planned to produce one
+        want = from_torch_dtype(expected.dtype)
         if value.dtype is None or value.dtype == want:
             continue
         cast = ir.node("Cast", [value], {"to": want}, name=f"{value.name}_as_traced")
@@ -182,10 +180,7 @@ def _int64_indices(graph: torch.fx.Graph) -> None:
             value = tensor_value(index)
             if value is None or value.dtype not in _NARROW_INDEX_DTYPES:
                 continue
-            with graph.inserting_before(node):
-                indices[k] = graph.call_function(
-                    torch.ops.aten._to_copy.default, (index,), {"dtype": torch.int64}
-                )
+            indices[k] = _cast_before(graph, node, index, torch.int64)
         node.args = (node.args[0], indices, *node.args[2:])
 
 
@@ -199,11 +194,13 @@ def _floor_divide_in_result_dtype(graph: torch.fx.Graph) -> None:
         value, result = tensor_value(node.args[0]), tensor_value(node)
         if value is None or result is None or value.dtype == result.dtype:
             continue
-        with graph.inserting_before(node):
-            cast = graph.call_function(
-                torch.ops.aten._to_copy.default, (node.args[0],), {"dtype": result.dtype}
-            )
-        node.args = (cast, *node.args[1:])
+        node.args = (_cast_before(graph, node, node.args[0], result.dtype), *node.args[1:])
+
+
+def _cast_before(graph: torch.fx.Graph, node: torch.fx.Node, value: Any, dtype: torch.dtype) -> torch.fx.Node:
+    """``value`` cast to ``dtype`` by a node inserted before ``node``."""
+    with graph.inserting_before(node):
+        return graph.call_function(torch.ops.aten._to_copy.default, (value,), {"dtype": dtype})
 
 
 def _linear_from_transposed_constants(graph: torch.fx.Graph) -> None:
