@@ -28,17 +28,35 @@ still the weight's.
 
 The byte check runs on CPU weights only: on CUDA, reading them would
 synchronise the device on every call.
+
+``BakedRegion`` decides what a region does when its weights are not those it
+baked: another set of weights (the same graph called with other tensors) gets a
+session of its own; weights changed in place are baked again; weights that
+keep changing are read as inputs.
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+import gc
+import logging
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+log = logging.getLogger("dispatch")
+
 EDGE_BYTES = 16  # compared at each end of a weight's memory
+# A re-bake that ran fewer calls than this before the weights changed again
+# takes the region off baking (a re-export costs seconds; running unbaked, a
+# conv-BN model ran 3x slower per call).
+MIN_CALLS_PER_BAKE = 32
+# Sets of weights one region keeps a session for at once: the layers of one
+# model that run the same Dynamo graph (a graph break inside the layer), or
+# the members of an ensemble. Each set costs an export on its first call.
+MAX_WEIGHT_SETS = 64
 
 
 class BakedWeights:
@@ -54,7 +72,10 @@ class BakedWeights:
         # Inference tensors (made under inference_mode) have no version counter.
         self.addresses = [(i, t.data_ptr()) for i, t in pairs if t.is_inference()]
         on_cpu = [t for t in tensors if t.device.type == "cpu" and t.numel()]
-        self.storages = [t.untyped_storage() for t in on_cpu]  # keeps the memory read below alive
+        # Held, so that no other tensor takes a weight's address while this object
+        # lives (an address compared equal is the same weight), and so that the
+        # memory read below stays the weights'.
+        self.storages = list({s._cdata: s for s in (t.untyped_storage() for t in tensors)}.values())
         self.memory: Any = None
         if not on_cpu:
             return
@@ -65,6 +86,11 @@ class BakedWeights:
         self.memory = np.ctypeslib.as_array(ctypes.cast(base, ctypes.POINTER(ctypes.c_uint8)), shape=(span,))
         self.offsets = (addresses - base).astype(np.intp)
         self.baked = self.memory[self.offsets]
+
+    def held_elsewhere(self) -> bool:
+        """Whether every weight's memory is still held by a tensor besides this object
+        (which holds one reference to each storage)."""
+        return all(torch._C._storage_Use_Count(s._cdata) > 1 for s in self.storages)
 
     def changed(self, args: Sequence[Any]) -> bool:
         for i, version, ptr in self.versions:
@@ -96,3 +122,124 @@ def _edge_addresses(t: torch.Tensor) -> Any:
             np.arange(end - EDGE_BYTES, end, dtype=np.uint64),
         ]
     )
+
+
+# Builds a region's runner with the inputs at the given positions baked in.
+Bake = Callable[[Sequence[Any], frozenset[int]], Callable[..., Any]]
+
+
+class BakedRegion:
+    """A region's runner with its weights (the inputs at ``positions``) baked in,
+    kept right whatever the user does to them.
+
+    One Dynamo graph runs with more than one set of weights where a module's code
+    is shared: every layer of a model whose layer has a graph break inside it
+    (Dynamo compiles the layer's frame once and calls it with each layer's
+    parameters), or two instances of one model class. Each set, told apart by
+    the weights' addresses, gets a session of its own; re-baking on every change
+    of set ran a 4-layer conv model with a break per layer 1.5x slower than
+    eager (the region fell back to reading its weights as inputs after two
+    re-exports). A set whose weights the model no longer holds (``p.data = t``)
+    is dropped, which frees what it held.
+
+    A set whose weights changed in place (same addresses) is baked again, unless
+    its last re-bake served fewer than ``MIN_CALLS_PER_BAKE`` calls (an EMA
+    teacher, updated every step): then the region takes its weights as inputs,
+    read on every call, as it does beyond ``MAX_WEIGHT_SETS`` sets.
+
+    ``checked=False`` (inductor's ``freezing``, the user's promise that weights
+    never change) bakes the weights and checks nothing: Dynamo then guards on
+    the parameters' identity, so another set of weights compiles another graph.
+    """
+
+    def __init__(
+        self, example_inputs: Sequence[Any], positions: Sequence[int], bake: Bake, checked: bool = True
+    ) -> None:
+        self.frozen = list(positions)
+        self.bake = bake
+        self.checked = checked and bool(self.frozen)
+        self.sets: dict[tuple[int, ...], _WeightSet] = {}
+        self.current = self._new_set(example_inputs)
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        current = self.current
+        if current.weights is not None and current.weights.changed(args):
+            with self._lock:
+                current = self._set_for(args)
+        current.calls += 1
+        return current.run(*args)
+
+    def _set_for(self, args: Sequence[Any]) -> _WeightSet:
+        if not self.checked:
+            return self.current  # another thread took the weights as inputs meanwhile
+        key = self._key(args)
+        found = self.sets.get(key)
+        if found is not None:
+            if found.weights is not None and found.weights.changed(args):
+                found = self._baked_again(found, args)
+            self.current = found
+            return found
+        dropped = self._drop_dead_sets()
+        if any(gone.rebaked and gone.calls < MIN_CALLS_PER_BAKE for gone in dropped):
+            # Weights replaced (``p.data = t``) every few calls: a new set each time.
+            self.current = self._unbaked(args, "its weights were replaced again after a few calls")
+        elif len(self.sets) >= MAX_WEIGHT_SETS:
+            self.current = self._unbaked(args, f"it has run with more than {MAX_WEIGHT_SETS} sets of weights")
+        else:
+            log.info(
+                "onnxrt: a region runs with another set of weights (%d now: one graph for several "
+                "layers or models, or replaced weights); baking them into a session of their own",
+                len(self.sets) + 1,
+            )
+            self.current = self._new_set(args)
+            self.current.rebaked = bool(dropped)
+        return self.current
+
+    def _key(self, args: Sequence[Any]) -> tuple[int, ...]:
+        return tuple(args[i].data_ptr() for i in self.frozen)
+
+    def _new_set(self, args: Sequence[Any]) -> _WeightSet:
+        weights = BakedWeights(args, self.frozen) if self.checked else None
+        made = _WeightSet(weights, self.bake(args, frozenset(self.frozen)))
+        if self.checked:
+            self.sets[self._key(args)] = made
+        return made
+
+    def _baked_again(self, changed: _WeightSet, args: Sequence[Any]) -> _WeightSet:
+        if changed.rebaked and changed.calls < MIN_CALLS_PER_BAKE:
+            return self._unbaked(args, f"its baked weights changed again after {changed.calls} calls")
+        log.info("onnxrt: a baked weight changed in place; re-exporting the region")
+        made = self._new_set(args)
+        made.rebaked = True
+        return made
+
+    def _drop_dead_sets(self) -> list[_WeightSet]:
+        """Drop the sets with a weight that nobody else holds any more (which frees
+        it): it can never be passed again. Returns them."""
+        gc.collect()  # a cycle may still hold a replaced weight
+        dead = [key for key, found in self.sets.items() if not found.alive()]
+        return [self.sets.pop(key) for key in dead]
+
+    def _unbaked(self, args: Sequence[Any], why: str) -> _WeightSet:
+        log.info(
+            "onnxrt: a region takes its weights as inputs from now on, read on every call "
+            "(no BatchNorm folding or weight pre-packing): %s",
+            why,
+        )
+        self.frozen, self.checked, self.sets = [], False, {}
+        return self._new_set(args)
+
+
+class _WeightSet:
+    """One set of weights, baked into the runner ``run``."""
+
+    def __init__(self, weights: BakedWeights | None, run: Callable[..., Any]) -> None:
+        self.weights = weights
+        self.run = run
+        self.calls = 0
+        self.rebaked = False
+
+    def alive(self) -> bool:
+        """Whether every weight's memory is held by someone besides this set."""
+        return self.weights is None or self.weights.held_elsewhere()

@@ -32,7 +32,7 @@ from ..inspect import (
     marked_static_positions,
     tensor_values,
 )
-from .baked_weights import BakedWeights
+from .baked_weights import BakedRegion
 from .base import (
     Availability,
     CompiledFn,
@@ -58,10 +58,6 @@ _FLOAT64_REASON = (
     "Erf or GELU (a region holding one failed whole), and ran a float64 SiLU MLP 3.2x slower than eager"
 )
 _ENTRY_FORMAT = "graph+initializers"  # cache entries of the format of onnx_model.py
-# A re-bake that ran fewer calls than this before the weights changed again
-# takes the region off baking (a re-export costs seconds; running unbaked, a
-# conv-BN model ran 3x slower per call).
-MIN_CALLS_PER_BAKE = 32
 
 
 @registry.register
@@ -125,7 +121,14 @@ class OnnxRoute(Route):
         return None
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
-        return _FrozenWeightsRunner(gm, example_inputs)
+        weights = marked_static_positions(gm)
+        region = BakedRegion(
+            example_inputs,
+            weights,
+            functools.partial(_session_runner, gm),
+            checked=not weights_frozen_by_user(),
+        )
+        return checked_against_torch(region, gm, example_inputs, weights)
 
     def preprocess(self, region: RegionProgram, compile_specs: Mapping[str, Any]) -> PreprocessResult:
         """The ONNX model with the region's parameters and buffers baked in as
@@ -159,62 +162,6 @@ class OnnxRoute(Route):
             args = region.example_inputs
             run = checked_against_torch(run, region.gm, args, [i for i in range(len(args)) if i not in fed])
         return run
-
-
-class _FrozenWeightsRunner:
-    """An ORT session for one region, with its parameters and buffers baked in.
-
-    Inputs that Dynamo marks as parameters or buffers become ONNX initializers,
-    so ORT can fold them (BatchNorm into Conv, transposes of weights) and
-    pre-pack them, as it does for a model exported whole. Every call checks
-    that they are still the model's (``baked_weights.py``): a weight changed
-    in place (an optimizer step between evaluations, ``load_state_dict``,
-    ``p.data.mul_``) re-exports the region instead of running stale weights.
-    Weights that change every few calls (an EMA teacher, updated every step)
-    would re-export on every call, seconds each: once a re-exported region
-    runs fewer than ``MIN_CALLS_PER_BAKE`` calls before its weights change
-    again, it takes them as inputs, read live on every call.
-
-    Under inductor's ``freezing`` (``torch._inductor.config.freezing``,
-    ``TORCHINDUCTOR_FREEZING=1``) the user has told torch.compile that weights
-    never change after compiling, so nothing is checked, as inductor checks
-    nothing then.
-    """
-
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
-        self.gm = gm
-        self.frozen = marked_static_positions(gm)
-        self.rebaked = False
-        self.baked: BakedWeights | None = None
-        self.run: CompiledFn  # set by _build
-        self._build(example_inputs)
-        self.run = checked_against_torch(self.run, gm, example_inputs, self.frozen)
-
-    def _build(self, args: Sequence[Any]) -> None:
-        self.baked = BakedWeights(args, self.frozen) if self.frozen and not weights_frozen_by_user() else None
-        self.calls = 0
-        self.run = _session_runner(self.gm, args, frozenset(self.frozen))
-
-    def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
-        if self.baked is not None:
-            if self.baked.changed(args):
-                self._rebuild(args)
-            self.calls += 1
-        return self.run(*args)
-
-    def _rebuild(self, args: Sequence[Any]) -> None:
-        if not self.rebaked or self.calls >= MIN_CALLS_PER_BAKE:
-            self.rebaked = True
-            log.info("onnxrt: a baked weight changed in place; re-exporting the region")
-            self._build(args)
-            return
-        log.info(
-            "onnxrt: the region's baked weights changed again after %d calls; it now takes "
-            "them as inputs, read on every call (no BatchNorm folding or weight pre-packing)",
-            self.calls,
-        )
-        self.frozen = []
-        self._build(args)
 
 
 def weights_frozen_by_user() -> bool:
