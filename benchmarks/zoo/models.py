@@ -110,6 +110,33 @@ class GraphBreak(torch.nn.Module):
         return self.b(h)
 
 
+class _CheckedBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(128)
+        self.ffn = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.GELU(), torch.nn.Linear(256, 128))
+
+    def forward(self, x):
+        h = x + self.ffn(self.norm(x))
+        if not torch.isfinite(h).all():  # a check that breaks the graph inside the layer
+            raise FloatingPointError("non-finite activations")
+        return h
+
+
+class LayerGraphBreak(torch.nn.Module):
+    """A graph break inside each of four identical layers: Dynamo compiles the
+    layer's code once and runs that graph with every layer's parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_CheckedBlock() for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
 class DataDependent(torch.nn.Module):
     """``nonzero`` and a boolean mask: shapes that depend on the data."""
 
@@ -295,6 +322,7 @@ ZOO: dict[str, ZooModel] = {
         ZooModel("timm_vit_tiny", "timm", _timm("vit_tiny_patch16_224", img_size=IMAGE)),
         ZooModel("timm_regnetx_002", "timm", _timm("regnetx_002")),
         ZooModel("graph_break", "pattern", _pattern(GraphBreak, 64, 256), trains=True),
+        ZooModel("layer_graph_break", "pattern", _pattern(LayerGraphBreak, 8, 64, 128), trains=True),
         ZooModel("data_dependent", "pattern", _pattern(DataDependent, 64, 256)),
         ZooModel("python_loop", "pattern", _pattern(PythonLoop, 32, 128)),
         ZooModel("dict_list_outputs", "pattern", _pattern(DictListOutputs, 32, 128)),

@@ -41,10 +41,13 @@ import ctypes
 import gc
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from ..cache import current_cache, using
 
 log = logging.getLogger("dispatch")
 
@@ -86,11 +89,6 @@ class BakedWeights:
         self.memory = np.ctypeslib.as_array(ctypes.cast(base, ctypes.POINTER(ctypes.c_uint8)), shape=(span,))
         self.offsets = (addresses - base).astype(np.intp)
         self.baked = self.memory[self.offsets]
-
-    def held_elsewhere(self) -> bool:
-        """Whether every weight's memory is still held by a tensor besides this object
-        (which holds one reference to each storage)."""
-        return all(torch._C._storage_Use_Count(s._cdata) > 1 for s in self.storages)
 
     def changed(self, args: Sequence[Any]) -> bool:
         for i, version, ptr in self.versions:
@@ -136,16 +134,16 @@ class BakedRegion:
     is shared: every layer of a model whose layer has a graph break inside it
     (Dynamo compiles the layer's frame once and calls it with each layer's
     parameters), or two instances of one model class. Each set, told apart by
-    the weights' addresses, gets a session of its own; re-baking on every change
-    of set ran a 4-layer conv model with a break per layer 1.5x slower than
-    eager (the region fell back to reading its weights as inputs after two
-    re-exports). A set whose weights the model no longer holds (``p.data = t``)
-    is dropped, which frees what it held.
+    which tensor objects hold the weights, gets a session of its own; re-baking
+    on every change of set ran a 4-layer conv model with a break per layer 1.5x
+    slower than eager (the region fell back to reading its weights as inputs
+    after two re-exports). A set whose tensors are gone (a model deleted) is
+    dropped when the next set comes, which frees what it held.
 
-    A set whose weights changed in place (same addresses) is baked again, unless
-    its last re-bake served fewer than ``MIN_CALLS_PER_BAKE`` calls (an EMA
-    teacher, updated every step): then the region takes its weights as inputs,
-    read on every call, as it does beyond ``MAX_WEIGHT_SETS`` sets.
+    A set whose weights changed (in place, or ``p.data = t``) is baked again,
+    unless its last re-bake served fewer than ``MIN_CALLS_PER_BAKE`` calls (an
+    EMA teacher, updated every step): then the region takes its weights as
+    inputs, read on every call, as it does beyond ``MAX_WEIGHT_SETS`` sets.
 
     ``checked=False`` (inductor's ``freezing``, the user's promise that weights
     never change) bakes the weights and checks nothing: Dynamo then guards on
@@ -160,12 +158,15 @@ class BakedRegion:
         self.checked = checked and bool(self.frozen)
         self.sets: dict[tuple[int, ...], _WeightSet] = {}
         self.current = self._new_set(example_inputs)
+        # Sets baked on later calls go to the compile's persistent cache too, so
+        # that the next process loads them instead of exporting each again.
+        self.cache = current_cache()
         self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
         current = self.current
         if current.weights is not None and current.weights.changed(args):
-            with self._lock:
+            with self._lock, using(self.cache):
                 current = self._set_for(args)
         current.calls += 1
         return current.run(*args)
@@ -175,33 +176,32 @@ class BakedRegion:
             return self.current  # another thread took the weights as inputs meanwhile
         key = self._key(args)
         found = self.sets.get(key)
+        if found is not None and not found.holds([args[i] for i in self.frozen]):
+            del self.sets[key]  # another tensor took a dead one's id
+            found = None
         if found is not None:
             if found.weights is not None and found.weights.changed(args):
                 found = self._baked_again(found, args)
             self.current = found
             return found
-        dropped = self._drop_dead_sets()
-        if any(gone.rebaked and gone.calls < MIN_CALLS_PER_BAKE for gone in dropped):
-            # Weights replaced (``p.data = t``) every few calls: a new set each time.
-            self.current = self._unbaked(args, "its weights were replaced again after a few calls")
-        elif len(self.sets) >= MAX_WEIGHT_SETS:
+        self._drop_dead_sets()
+        if len(self.sets) >= MAX_WEIGHT_SETS:
             self.current = self._unbaked(args, f"it has run with more than {MAX_WEIGHT_SETS} sets of weights")
-        else:
-            log.info(
-                "onnxrt: a region runs with another set of weights (%d now: one graph for several "
-                "layers or models, or replaced weights); baking them into a session of their own",
-                len(self.sets) + 1,
-            )
-            self.current = self._new_set(args)
-            self.current.rebaked = bool(dropped)
+            return self.current
+        log.info(
+            "onnxrt: a region runs with another set of weights (%d now: one graph for several "
+            "layers or models); baking them into a session of their own",
+            len(self.sets) + 1,
+        )
+        self.current = self._new_set(args)
         return self.current
 
     def _key(self, args: Sequence[Any]) -> tuple[int, ...]:
-        return tuple(args[i].data_ptr() for i in self.frozen)
+        return tuple(id(args[i]) for i in self.frozen)
 
     def _new_set(self, args: Sequence[Any]) -> _WeightSet:
         weights = BakedWeights(args, self.frozen) if self.checked else None
-        made = _WeightSet(weights, self.bake(args, frozenset(self.frozen)))
+        made = _WeightSet(weights, self.bake(args, frozenset(self.frozen)), [args[i] for i in self.frozen])
         if self.checked:
             self.sets[self._key(args)] = made
         return made
@@ -209,17 +209,16 @@ class BakedRegion:
     def _baked_again(self, changed: _WeightSet, args: Sequence[Any]) -> _WeightSet:
         if changed.rebaked and changed.calls < MIN_CALLS_PER_BAKE:
             return self._unbaked(args, f"its baked weights changed again after {changed.calls} calls")
-        log.info("onnxrt: a baked weight changed in place; re-exporting the region")
+        log.info("onnxrt: a baked weight changed; re-exporting the region")
         made = self._new_set(args)
         made.rebaked = True
         return made
 
-    def _drop_dead_sets(self) -> list[_WeightSet]:
-        """Drop the sets with a weight that nobody else holds any more (which frees
-        it): it can never be passed again. Returns them."""
-        gc.collect()  # a cycle may still hold a replaced weight
-        dead = [key for key, found in self.sets.items() if not found.alive()]
-        return [self.sets.pop(key) for key in dead]
+    def _drop_dead_sets(self) -> None:
+        """Drop the sets whose tensors are gone, and with them what they held."""
+        gc.collect(1)  # a deleted model in a young reference cycle
+        for key in [key for key, found in self.sets.items() if not found.alive()]:
+            del self.sets[key]
 
     def _unbaked(self, args: Sequence[Any], why: str) -> _WeightSet:
         log.info(
@@ -232,14 +231,18 @@ class BakedRegion:
 
 
 class _WeightSet:
-    """One set of weights, baked into the runner ``run``."""
+    """One set of weights, baked into the runner ``run``; ``tensors`` are the
+    objects that held them, referenced weakly (a set must not keep a model alive)."""
 
-    def __init__(self, weights: BakedWeights | None, run: Callable[..., Any]) -> None:
+    def __init__(self, weights: BakedWeights | None, run: Callable[..., Any], tensors: list[Any]) -> None:
         self.weights = weights
         self.run = run
+        self.refs = [weakref.ref(t) for t in tensors]
         self.calls = 0
         self.rebaked = False
 
     def alive(self) -> bool:
-        """Whether every weight's memory is held by someone besides this set."""
-        return self.weights is None or self.weights.held_elsewhere()
+        return all(ref() is not None for ref in self.refs)
+
+    def holds(self, tensors: Sequence[Any]) -> bool:
+        return all(ref() is t for ref, t in zip(self.refs, tensors))
