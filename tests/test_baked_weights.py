@@ -248,7 +248,8 @@ def test_beyond_the_most_weight_sets_a_region_takes_its_weights_as_inputs(monkey
 @torch.no_grad()
 def test_a_deleted_models_weights_are_let_go(onnx_exports):
     """Checkpoints evaluated one after another, each a new instance of one class:
-    the sets of the models that are gone are dropped, not kept up to the limit."""
+    each model's set lets go of its weights once the model is gone, not when the
+    limit of sets is reached, nor at ``torch._dynamo.reset()``."""
     import gc
 
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -262,5 +263,29 @@ def test_a_deleted_models_weights_are_let_go(onnx_exports):
         del model
     gc.collect()
     assert onnx_exports[0] == 3
-    # Each set is dropped when the next one comes; the last one waits for another.
-    assert [ref.expired() for ref in gone] == [True, True, False]
+    assert [ref.expired() for ref in gone] == [True, True, True]
+
+
+class _ReassignedBuffer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+        self.register_buffer("average", torch.zeros(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        self.average = 0.9 * self.average + 0.1 * h.mean(0)  # a new tensor every call
+        return h - self.average
+
+
+@torch.no_grad()
+def test_a_buffer_reassigned_every_call_stops_re_exporting(onnx_exports):
+    # Each call passes a new buffer object in the old one's place: keyed by tensor,
+    # each was a new set of weights, and the region exported on every call.
+    model, reference = _ReassignedBuffer().eval(), _ReassignedBuffer().eval()
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="auto")
+    for _ in range(12):
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(compiled(x), reference(x))
+    assert onnx_exports[0] == 3  # baked, baked again, then fed

@@ -78,3 +78,27 @@ def test_dropped_models_free_sessions_and_regions(tracked):
 @pytest.mark.slow
 def test_two_hundred_dropped_models_free_everything(tracked):
     _compile_and_drop(200, tracked)
+
+
+def test_a_deleted_model_frees_its_session_while_dynamo_keeps_the_graph(tracked):
+    """Dynamo's cache holds a compiled program until ``torch._dynamo.reset()``:
+    the ORT session with a copy of the weights, and the weights themselves, were
+    kept alive by it after the model was deleted."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    sessions, _ = tracked
+    model = small_model()
+    weights = [StorageWeakRef(p.untyped_storage()) for p in model.parameters()]
+    compiled = torch.compile(model, backend="auto")
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert _alive(sessions) >= 1, "the model did not run on onnxrt: nothing to check"
+    del model, compiled
+    gc.collect()
+    assert _alive(sessions) == 0
+    assert all(w.expired() for w in weights)
+    # The same code, a new model: the program Dynamo kept serves it, right.
+    model = small_model()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x))

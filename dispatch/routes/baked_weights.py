@@ -141,9 +141,11 @@ class BakedRegion:
     dropped when the next set comes, which frees what it held.
 
     A set whose weights changed (in place, or ``p.data = t``) is baked again,
-    unless its last re-bake served fewer than ``MIN_CALLS_PER_BAKE`` calls (an
-    EMA teacher, updated every step): then the region takes its weights as
-    inputs, read on every call, as it does beyond ``MAX_WEIGHT_SETS`` sets.
+    and so is a set that takes the place of one whose tensors are gone (a
+    buffer reassigned in ``forward``), unless the re-bake before served fewer
+    than ``MIN_CALLS_PER_BAKE`` calls (an EMA teacher, updated every step): then
+    the region takes its weights as inputs, read on every call, as it does
+    beyond ``MAX_WEIGHT_SETS`` sets.
 
     ``checked=False`` (inductor's ``freezing``, the user's promise that weights
     never change) bakes the weights and checks nothing: Dynamo then guards on
@@ -184,16 +186,22 @@ class BakedRegion:
                 found = self._baked_again(found, args)
             self.current = found
             return found
-        self._drop_dead_sets()
-        if len(self.sets) >= MAX_WEIGHT_SETS:
+        dropped = self._drop_dead_sets()
+        if any(gone.rebaked and gone.calls < MIN_CALLS_PER_BAKE for gone in dropped):
+            # New tensors in place of the last ones every few calls (a buffer
+            # reassigned in ``forward``): an export each time would cost seconds a call.
+            self.current = self._unbaked(
+                args, "its weights were replaced by new tensors again after a few calls"
+            )
+        elif len(self.sets) >= MAX_WEIGHT_SETS:
             self.current = self._unbaked(args, f"it has run with more than {MAX_WEIGHT_SETS} sets of weights")
-            return self.current
-        log.info(
-            "onnxrt: a region runs with another set of weights (%d now: one graph for several "
-            "layers or models); baking them into a session of their own",
-            len(self.sets) + 1,
-        )
-        self.current = self._new_set(args)
+        else:
+            log.info(
+                "onnxrt: a region runs with another set of weights (one graph for several layers "
+                "or models, or new tensors in place of the last); baking them into a session of its own"
+            )
+            self.current = self._new_set(args)
+            self.current.rebaked = bool(dropped)  # it replaces a set: judged as a re-bake
         return self.current
 
     def _key(self, args: Sequence[Any]) -> tuple[int, ...]:
@@ -214,11 +222,11 @@ class BakedRegion:
         made.rebaked = True
         return made
 
-    def _drop_dead_sets(self) -> None:
-        """Drop the sets whose tensors are gone, and with them what they held."""
+    def _drop_dead_sets(self) -> list[_WeightSet]:
+        """Drop the sets whose tensors are gone (a deleted model, a reassigned
+        buffer); returns them."""
         gc.collect(1)  # a deleted model in a young reference cycle
-        for key in [key for key, found in self.sets.items() if not found.alive()]:
-            del self.sets[key]
+        return [self.sets.pop(key) for key in [k for k, found in self.sets.items() if not found.alive()]]
 
     def _unbaked(self, args: Sequence[Any], why: str) -> _WeightSet:
         log.info(
@@ -232,17 +240,44 @@ class BakedRegion:
 
 class _WeightSet:
     """One set of weights, baked into the runner ``run``; ``tensors`` are the
-    objects that held them, referenced weakly (a set must not keep a model alive)."""
+    objects that held them, referenced weakly: a set must not keep a model alive.
+
+    When one of them is gone (the model deleted), the set lets go of its session
+    and of the weights' memory at once: Dynamo's cache keeps the compiled program,
+    and with it this set, until ``torch._dynamo.reset()``."""
 
     def __init__(self, weights: BakedWeights | None, run: Callable[..., Any], tensors: list[Any]) -> None:
-        self.weights = weights
+        self.weights: BakedWeights | _Released | None = weights
         self.run = run
-        self.refs = [weakref.ref(t) for t in tensors]
         self.calls = 0
         self.rebaked = False
+        me = weakref.ref(self)
+
+        def release(_: Any) -> None:
+            found = me()
+            if found is not None:
+                found.weights, found.run = _RELEASED, _released_run
+
+        # Only a checked set may let go: an unchecked one runs without looking.
+        callback = release if weights is not None else None
+        self.refs = [weakref.ref(t, callback) for t in tensors]
 
     def alive(self) -> bool:
         return all(ref() is not None for ref in self.refs)
 
     def holds(self, tensors: Sequence[Any]) -> bool:
         return all(ref() is t for ref, t in zip(self.refs, tensors))
+
+
+class _Released:
+    """The weights of a set whose tensors are gone: never the weights passed."""
+
+    def changed(self, args: Sequence[Any]) -> bool:
+        return True
+
+
+_RELEASED = _Released()
+
+
+def _released_run(*args: Any) -> Any:
+    raise AssertionError("dispatch: a released set of baked weights ran")  # changed() always sends calls on

@@ -47,7 +47,8 @@ class OnnxModel:
     def from_ir(cls, model: Any) -> OnnxModel:
         """Move the large initializers of an ``onnx_ir`` model out of it, then serialise it.
 
-        The model is changed in place: those initializers become external tensors."""
+        The model is changed in place: those initializers become external tensors,
+        and the others are emptied once serialised."""
         import onnx_ir as ir
 
         arrays = {}
@@ -62,7 +63,13 @@ class OnnxModel:
             value.const_value = ir.ExternalTensor(
                 EXTERNAL_LOCATION, 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=name
             )
-        return cls(ir.serde.serialize_model(model).SerializeToString(), arrays)
+        graph = ir.serde.serialize_model(model).SerializeToString()
+        # onnxscript's rewrite rules keep the last graph they matched (0.7.2), and the
+        # exporter's initializers are views of the model's own weights: emptied, that
+        # graph holds none of them once the model is deleted.
+        for value in model.graph.initializers.values():
+            value.const_value = None
+        return cls(graph, arrays)
 
     def parts(self) -> list[Any]:
         """The cache payload, as buffers to write one after another (no joined copy)."""
