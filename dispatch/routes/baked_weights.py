@@ -128,7 +128,8 @@ Bake = Callable[[Sequence[Any], frozenset[int]], Callable[..., Any]]
 
 class BakedRegion:
     """A region's runner with its weights (the inputs at ``positions``) baked in,
-    kept right whatever the user does to them.
+    kept right whatever the user does to them. Baked, ORT folds and pre-packs
+    them (BatchNorm into Conv, GEMM weights), as for a model exported whole.
 
     One Dynamo graph runs with more than one set of weights where a module's code
     is shared: every layer of a model whose layer has a graph break inside it
@@ -137,8 +138,8 @@ class BakedRegion:
     which tensor objects hold the weights, gets a session of its own; re-baking
     on every change of set ran a 4-layer conv model with a break per layer 1.5x
     slower than eager (the region fell back to reading its weights as inputs
-    after two re-exports). A set whose tensors are gone (a model deleted) is
-    dropped when the next set comes, which frees what it held.
+    after two re-exports). A set whose tensors are gone (a model deleted) lets
+    go of its session and of the weights' memory at once.
 
     A set whose weights changed (in place, or ``p.data = t``) is baked again,
     and so is a set that takes the place of one whose tensors are gone (a
