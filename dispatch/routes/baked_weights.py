@@ -78,7 +78,7 @@ class BakedWeights:
         # Held, so that no other tensor takes a weight's address while this object
         # lives (an address compared equal is the same weight), and so that the
         # memory read below stays the weights'.
-        self.storages = list({s._cdata: s for s in (t.untyped_storage() for t in tensors)}.values())
+        self.storages = [t.untyped_storage() for t in tensors]
         self.memory: Any = None
         if not on_cpu:
             return
