@@ -2,12 +2,14 @@
 payload gives back the same graph and the same arrays."""
 
 import logging
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 from dispatch.routes.onnx_model import EXTERNAL_MIN_BYTES, OnnxModel
+from dispatch.stitch import FallbackWarning
 
 pytest.importorskip("onnxruntime")
 
@@ -208,10 +210,7 @@ def test_avg_pool_with_a_divisor_override_is_computed_as_torch_does():
 def test_a_translation_that_computes_something_else_falls_back_on_its_first_call(monkeypatch):
     """Any exporter or ORT bug of the kinds above: the region's first call is also run
     by torch, and a region whose outputs differ falls back with the reason."""
-    import warnings
-
     import dispatch.routes.onnxrt as onnxrt_route
-    from dispatch.stitch import FallbackWarning
 
     real = onnxrt_route._session_runner
 
@@ -230,10 +229,7 @@ def test_a_translation_that_computes_something_else_falls_back_on_its_first_call
 
 @torch.no_grad()
 def test_a_translation_that_returns_another_dtype_falls_back_on_its_first_call(monkeypatch):
-    import warnings
-
     import dispatch.routes.onnxrt as onnxrt_route
-    from dispatch.stitch import FallbackWarning
 
     real = onnxrt_route._session_runner
 
@@ -264,10 +260,6 @@ class _SumOfLinear(torch.nn.Module):
 def test_a_float16_sum_comes_back_float16_from_onnx_runtime():
     """torchlib sums float16 in float32 and returned the float32 sum: the zoo's
     data-dependent model in float16 returned float32 where eager returns float16."""
-    import warnings
-
-    from dispatch.stitch import FallbackWarning
-
     model, x = _SumOfLinear().half().eval(), torch.randn(5, 16).half()
     with warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)  # ORT must run it, not eager
@@ -294,10 +286,6 @@ class _IndexedByInt32(torch.nn.Module):
 def test_int32_indices_index_on_onnx_runtime():
     """torchlib exports ``x[i]`` as GatherND, which ONNX Runtime rejects for int32
     indices: the whole region around the index fell back to eager, with a warning."""
-    import warnings
-
-    from dispatch.stitch import FallbackWarning
-
     model, x, idx = _IndexedByInt32().eval(), torch.randn(4, 6), torch.tensor([3, 0, 2], dtype=torch.int32)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
@@ -315,10 +303,6 @@ class _HalvedPositions(torch.nn.Module):
 def test_an_integer_floor_divided_by_a_float_runs_on_onnx_runtime():
     # torchlib could not convert floor_divide of an int tensor by a float: the
     # region around it fell back to eager, with a warning.
-    import warnings
-
-    from dispatch.stitch import FallbackWarning
-
     model, positions, x = _HalvedPositions(), torch.tensor([3, -7, 2, 9], dtype=torch.int32), torch.randn(4)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
