@@ -4,6 +4,7 @@ Dynamo's DDP optimizer splits the graph at gradient-bucket boundaries and
 hands every piece to ``auto``; after a step the gradients must equal those of
 eager DDP on the same data."""
 
+import datetime
 import os
 import socket
 import sys
@@ -45,7 +46,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     from dispatch.record import recorder
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    # A rank left waiting fails in two minutes instead of gloo's default thirty.
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120))
     try:
         torch.manual_seed(0)
         model = ThreeLayers()
@@ -62,6 +64,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         forward_graphs = len({p.graph for p in plans if p.kind == "forward"})
         with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
             f.write(f"ok {forward_graphs}")
+        # Both ranks reach teardown together: one rank left destroy_process_group while
+        # the other was still in it, and that one hung after writing "ok" (seen once
+        # in a full CI run; pytorch/pytorch#75097).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
