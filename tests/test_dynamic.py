@@ -115,3 +115,35 @@ def test_outputs_of_one_call_survive_the_next():
     kept = out_a.clone()
     compiled(b)
     assert torch.equal(out_a, kept)
+
+
+class _StoresItsWindow(torch.nn.Module):
+    """Stores a size on itself, as Swin's ``set_shift_and_window_size`` does, and
+    returns one: Dynamo makes both outputs of the graph (``SymInt``s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        self.window = 4
+
+    def forward(self, x):
+        self.window = min(x.shape[0], x.shape[1])
+        return self.proj(x).relu(), x.shape[0] * 2
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("route", ["onnxrt", None])
+def test_sizes_a_graph_returns_stay_python_ints(monkeypatch, route):
+    """ORT returned them as 0-dim tensors: Swin's window size became a tensor
+    attribute, and every later graph that read it failed to compile."""
+    if route:
+        monkeypatch.setenv("DISPATCH_ROUTE", route)
+    torch._dynamo.reset()
+    m = _StoresItsWindow()
+    compiled = torch.compile(m, backend="auto", dynamic=True)
+    for rows in (5, 7, 20):
+        x = torch.randn(rows, 16)
+        out, doubled = compiled(x)
+        assert type(doubled) is int and doubled == 2 * rows
+        assert type(m.window) is int and m.window == min(rows, 16)
+        torch.testing.assert_close(out, m.proj(x).relu())

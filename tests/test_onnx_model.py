@@ -345,3 +345,30 @@ def test_a_query_whose_keys_are_all_masked_gets_zeros_as_in_torch(dtype):
     out, expected = compiled(x, as_mask(padded)), model(x, as_mask(padded))
     assert not expected.isnan().any()
     torch.testing.assert_close(out, expected)
+
+
+@torch.no_grad()
+def test_a_region_of_weights_only_runs_on_ort():
+    """A graph that reads only buffers (the graph break leaves ``x`` to the next
+    one) bakes every input in: the ONNX model takes none. The export raised
+    IndexError on the empty input list and the region fell back to eager."""
+
+    class ScaleFromBuffer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("scale", torch.tensor([0.5, 1.5]))
+
+        def forward(self, x):
+            s = (self.scale * 2).exp() - 1
+            print("", end="")
+            return x * s.sum()
+
+    torch._dynamo.reset()
+    m = ScaleFromBuffer()
+    compiled = torch.compile(m, backend="auto")
+    x = torch.randn(4, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        torch.testing.assert_close(compiled(x), m(x))
+        m.scale.mul_(2)  # baked, and seen to change
+        torch.testing.assert_close(compiled(x), m(x))

@@ -125,6 +125,8 @@ def _sizes_from_tensors(graph: torch.fx.Graph) -> None:
     ORT takes tensors only; Dynamo passes a dynamic size both as a tensor's
     dimension and as a separate integer input."""
     placeholders = graph.find_nodes(op="placeholder")
+    if not placeholders:
+        return  # every input was a weight, baked in: the model takes no input
     sources: dict[Any, tuple[torch.fx.Node, int]] = {}
     for node in placeholders:
         value = node.meta.get(META_VAL)

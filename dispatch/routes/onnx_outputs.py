@@ -30,22 +30,52 @@ from .base import CompiledFn
 
 
 def in_traced_layout(run: CompiledFn, gm: torch.fx.GraphModule) -> CompiledFn:
-    """``run``, with each output ORT returns contiguous copied into the strides the
-    graph was traced with, where those differ (a channels_last feature map, a
-    transposed result). Only outputs of static size whose traced strides are
-    dense and non-overlapping are copied; a symbolic size stays contiguous."""
+    """``run``, with each output in the type and layout the graph was traced with.
+
+    A size the graph returns (a ``SymInt`` such as ``min(h, w)`` that the model
+    stores on itself or returns) comes back from ORT as a 0-dim tensor and is
+    handed on as the Python number it was traced as: returned as a tensor, it
+    became a tensor attribute of the model (Swin's ``window_size``) and every
+    later graph that read it failed to compile. Each output ORT returns
+    contiguous is copied into the strides the graph was traced with, where those
+    differ (a channels_last feature map, a transposed result); only outputs of
+    static size whose traced strides are dense and non-overlapping are copied,
+    a symbolic size stays contiguous."""
     layouts = _traced_layouts(gm)
-    if not layouts:
+    numbers = _number_outputs(gm)
+    if not layouts and not numbers:
         return run
 
-    def restrided(*args: Any) -> tuple[torch.Tensor, ...]:
-        outputs = list(run(*args))
+    def in_traced_form(*args: Any) -> tuple[Any, ...]:
+        outputs: list[Any] = list(run(*args))
         for k, (size, stride) in layouts:
             t = outputs[k]
             outputs[k] = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
+        for k, kind in numbers:
+            outputs[k] = kind(outputs[k].item())
         return tuple(outputs)
 
-    return restrided
+    return in_traced_form
+
+
+_NUMBER_KINDS: tuple[tuple[type, type], ...] = (
+    (torch.SymBool, bool),
+    (bool, bool),
+    (torch.SymInt, int),
+    (int, int),
+    (torch.SymFloat, float),
+    (float, float),
+)
+
+
+def _number_outputs(gm: torch.fx.GraphModule) -> list[tuple[int, type]]:
+    """(output position, Python type) of the outputs traced as numbers, not tensors."""
+    numbers = []
+    for k, value in enumerate(output_values(gm)):
+        kind = next((python for traced, python in _NUMBER_KINDS if isinstance(value, traced)), None)
+        if kind is not None:
+            numbers.append((k, kind))
+    return numbers
 
 
 def _traced_layouts(gm: torch.fx.GraphModule) -> list[tuple[int, tuple[tuple[int, ...], tuple[int, ...]]]]:
@@ -100,6 +130,11 @@ def checked_against_torch(
     got = run(*copies())
     expected = expected if isinstance(expected, (list, tuple)) else (expected,)
     for k, (e, g) in enumerate(zip(expected, got)):
+        if isinstance(e, (bool, int, float)) and (type(g) is not type(e) or g != e):
+            raise DispatchError(
+                f"onnxrt: output {k} of the region is {g!r} on its first call, torch's is the "
+                f"{type(e).__name__} {e!r}: the ONNX translation returns something else"
+            )
         if not isinstance(e, torch.Tensor):
             continue
         if g.dtype != e.dtype or g.shape != e.shape:
