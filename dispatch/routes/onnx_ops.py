@@ -106,8 +106,13 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
             f"{target} draws random numbers: ONNX Runtime removes Dropout from inference "
             "sessions and does not follow torch's generator (torch.manual_seed)"
         )
-    if "batch_norm" in str(target) and (
-        "with_update" in str(target) or arguments_by_name(node).get("training") is True
+    # Batch norm without running statistics is exported as the ops it computes
+    # (onnx_rewrites.py), never as ORT's BatchNormalization.
+    batch_statistics_only = target is torch.ops.aten._native_batch_norm_legit.no_stats
+    if (
+        "batch_norm" in str(target)
+        and not batch_statistics_only
+        and ("with_update" in str(target) or arguments_by_name(node).get("training") is True)
     ):
         return f"{target} in training mode: ONNX Runtime's BatchNormalization runs inference only"
     if "avg_pool" in str(target) and arguments_by_name(node).get("divisor_override") is not None:
