@@ -23,6 +23,8 @@ _VISION = {
     "patch_size": 16,
 }
 
+_FALCON = {"vocab_size": VOCAB, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+
 WIDER: dict[str, ZooModel] = {
     m.name: m
     for m in (
@@ -83,6 +85,9 @@ WIDER: dict[str, ZooModel] = {
         ZooModel("timm_ghostnet", "timm", _timm("ghostnet_100")),
         ZooModel("timm_mobilevit", "timm", _timm("mobilevit_xxs")),
         ZooModel("timm_deit_tiny", "timm", _timm("deit_tiny_patch16_224", img_size=IMAGE)),
+        # Weight standardisation (ScaledStdConv2d): batch norm on the weights' own statistics.
+        ZooModel("timm_nfnet_l0", "timm", _timm("nfnet_l0")),
+        ZooModel("hf_falcon", "transformers", _hf("FalconModel", "FalconConfig", _tokens, **_FALCON)),
         ZooModel(
             "hf_bert_4x128",
             "transformers",
