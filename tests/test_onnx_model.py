@@ -400,8 +400,7 @@ class _StandardisedConv(torch.nn.Conv2d):
 def test_standardised_weights_run_with_their_convolutions_on_onnx_runtime(dtype):
     """The standardisation was kept off ORT (its BatchNormalization runs inference
     only), so an eager region recomputed the weights on every call and the
-    convolutions read them as inputs: nfnet_l0 ran slower than eager. Float16
-    statistics are computed in float32, as torch computes them."""
+    convolutions read them as inputs: nfnet_l0 ran slower than eager."""
     import copy
 
     import dispatch

@@ -106,8 +106,9 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
             f"{target} draws random numbers: ONNX Runtime removes Dropout from inference "
             "sessions and does not follow torch's generator (torch.manual_seed)"
         )
-    # Batch norm without running statistics is exported as the ops it computes
-    # (onnx_rewrites.py), never as ORT's BatchNormalization.
+    # Without running statistics (weight standardisation: timm's ScaledStdConv2d)
+    # torchlib computes the batch's mean and variance and feeds them to an
+    # inference BatchNormalization: torch's result, checked on the first call.
     batch_statistics_only = target is torch.ops.aten._native_batch_norm_legit.no_stats
     if (
         "batch_norm" in str(target)

@@ -22,7 +22,6 @@ def rewrite_for_onnx(graph: torch.fx.Graph) -> None:
     _attention_with_grouped_heads(graph)
     _int64_indices(graph)
     _floor_divide_in_result_dtype(graph)
-    _batch_statistics_normalised(graph)
 
 
 # Advanced indexing exports as GatherND / ScatterND, which take int64 indices only.
@@ -210,53 +209,3 @@ def _transposed_constant(node: Any) -> torch.fx.Node | None:
         if isinstance(source, torch.fx.Node) and source.op == "get_attr":
             return source
     return None
-
-
-def _batch_statistics_normalised(graph: torch.fx.Graph) -> None:
-    """``_native_batch_norm_legit.no_stats`` (batch norm on the batch's own
-    statistics, with no running statistics to update) becomes the mean, variance
-    and scaling it computes, in float32 for half inputs as torch computes them.
-
-    Weight standardisation is written so (timm's ``ScaledStdConv2d``, NFNets:
-    ``F.batch_norm(w.reshape(1, out, -1), None, None, training=True)``). ONNX
-    Runtime's BatchNormalization runs inference only, so the op was kept off
-    the route and cut the model in three: an eager region standardised the
-    weights on every call and the convolutions read them as inputs, unfolded
-    and unpacked (nfnet_l0 ran 1.6x inductor's time, slower than eager). As
-    plain ops on baked weights, ONNX Runtime folds them into constants once."""
-    aten = torch.ops.aten
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not aten._native_batch_norm_legit.no_stats:
-            continue
-        arguments = arguments_by_name(node)
-        x, weight, bias = arguments["input"], arguments.get("weight"), arguments.get("bias")
-        value, outputs = tensor_value(x), node.meta.get(META_VAL)
-        if value is None or value.dim() < 2 or arguments.get("training") is not True or outputs is None:
-            continue
-        if not all(user.target is operator.getitem for user in node.users):
-            continue
-        computed = torch.float32 if value.dtype in (torch.float16, torch.bfloat16) else value.dtype
-        dims = [0, *range(2, value.dim())]
-        channels = [1, -1] + [1] * (value.dim() - 2)
-        with graph.inserting_before(node):
-            call = graph.call_function
-            if computed != value.dtype:
-                x = call(aten._to_copy.default, (x,), {"dtype": computed})
-            mean = call(aten.mean.dim, (x, dims, True))
-            centred = call(aten.sub.Tensor, (x, mean))
-            variance = call(aten.mean.dim, (call(aten.mul.Tensor, (centred, centred)), dims, True))
-            rstd = call(aten.rsqrt.default, (call(aten.add.Tensor, (variance, arguments["eps"])),))
-            out = call(aten.mul.Tensor, (centred, rstd))
-            if weight is not None:
-                out = call(aten.mul.Tensor, (out, call(aten.view.default, (weight, channels))))
-            if bias is not None:
-                out = call(aten.add.Tensor, (out, call(aten.view.default, (bias, channels))))
-            results = [out, call(aten.view.default, (mean, [-1])), call(aten.view.default, (rstd, [-1]))]
-            results = [
-                call(aten._to_copy.default, (r,), {"dtype": traced.dtype}) if traced.dtype != computed else r
-                for r, traced in zip(results, outputs)
-            ]
-        for user in list(node.users):
-            user.replace_all_uses_with(results[user.args[1]])
-            graph.erase_node(user)
-        graph.erase_node(node)
