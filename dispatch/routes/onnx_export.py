@@ -19,6 +19,7 @@ import torch.fx
 
 from ..inspect import META_VAL
 from .onnx_model import OnnxModel
+from .onnx_nan import nan_as_in_torch
 from .onnx_ops import export_opset, onnx_registry, quiet_loggers
 from .onnx_outputs import output_values
 from .onnx_rewrites import rewrite_for_onnx
@@ -57,6 +58,7 @@ def export_region(
     dynamic_shapes = tuple(dynamic) if any(dynamic) else None
     with _exporters_quiet(), torch.no_grad():
         program = _export(module, tuple(args), dynamic_shapes)
+    nan_as_in_torch(program.model)
     _outputs_in_traced_dtypes(program.model, gm)
     return OnnxModel.from_ir(program.model)
 

@@ -119,6 +119,10 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
     if "avg_pool" in str(target) and arguments_by_name(node).get("divisor_override") is not None:
         # torchlib's avg_pool drops the argument (a TODO in its source): 0.46 off.
         return f"{target} with divisor_override: the ONNX exporter ignores it"
+    from .onnx_nan import pool_indices_used  # onnx_nan imports this module
+
+    if pool_indices_used(node):
+        return f"{target} with its indices read: ONNX Runtime's MaxPool passes over NaN, and its indices cannot be corrected"
     return None
 
 

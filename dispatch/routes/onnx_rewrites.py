@@ -11,6 +11,7 @@ import torch
 import torch.fx
 
 from ..inspect import META_VAL, tensor_value
+from .onnx_nan import clamps_as_max_or_min
 from .onnx_ops import arguments_by_name
 
 
@@ -22,6 +23,8 @@ def rewrite_for_onnx(graph: torch.fx.Graph) -> None:
     _attention_with_grouped_heads(graph)
     _int64_indices(graph)
     _floor_divide_in_result_dtype(graph)
+    clamps_as_max_or_min(graph)
+    _reductions_over_every_dim_name_them(graph)
 
 
 # Advanced indexing exports as GatherND / ScatterND, which take int64 indices only.
@@ -58,6 +61,25 @@ def _floor_divide_in_result_dtype(graph: torch.fx.Graph) -> None:
         if value is None or result is None or value.dtype == result.dtype:
             continue
         node.args = (_cast_before(graph, node, node.args[0], result.dtype), *node.args[1:])
+
+
+def _reductions_over_every_dim_name_them(graph: torch.fx.Graph) -> None:
+    """``amax(x)`` and ``amin(x)`` (no dims: every dim) name every dim. torchlib's
+    translation requires the argument, and the region around the op fell back to eager."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in (
+            torch.ops.aten.amax.default,
+            torch.ops.aten.amin.default,
+        ):
+            continue
+        value = tensor_value(node.args[0])
+        arguments = arguments_by_name(node)
+        if value is None or arguments.get("dim") not in (None, [], ()):
+            continue
+        node.args, node.kwargs = (
+            (node.args[0], list(range(value.dim())), bool(arguments.get("keepdim", False))),
+            {},
+        )
 
 
 def _cast_before(graph: torch.fx.Graph, node: torch.fx.Node, value: Any, dtype: torch.dtype) -> torch.fx.Node:

@@ -1,0 +1,185 @@
+"""NaN and infinity as torch computes them, in a region's ONNX model.
+
+ONNX Runtime's CPU kernels for MaxPool, ReduceMax/ReduceMin and ArgMax/ArgMin
+pass over a NaN that shares a window or a row with a number (onnxruntime issue
+10514: which one wins depends on its position), where torch returns NaN and,
+for the arg ops, the NaN's index (torch orders NaN above every number).
+``Sign(NaN)`` is NaN where torch's ``sign(nan)`` is 0, and a one-sided ``Clip``
+clips at the float's largest finite value: ``clamp_min(inf, 0.1)`` came back
+as 3.4e38. A model whose input or activations held a NaN came back finite, and
+a caller's ``isnan`` check saw nothing. The first-call check cannot see this:
+a first call rarely holds a NaN.
+
+Each such op runs under an ONNX ``If`` on whether its input's sum is NaN: only
+then (a NaN, or both infinities) does a branch compute torch's result from the
+op's twin over ``isnan(x)``; otherwise the op runs as before. The sum is one
+read of the input: a max pooling of 1x64x112x112 took 194 against 140 µs in
+ORT alone, where computing the twin on every call took 525. The ``If`` is
+built on the exported model, after the exporter's optimizer, which mishandled
+values of unknown shape coming out of an ``If`` (``x + 0`` became a flatten).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+from ..inspect import tensor_value
+from .onnx_ops import arguments_by_name
+
+_MAX_POOLS = frozenset(
+    {
+        torch.ops.aten.max_pool2d_with_indices.default,
+        torch.ops.aten.max_pool3d_with_indices.default,
+        torch.ops.aten.adaptive_max_pool1d.default,
+        torch.ops.aten.adaptive_max_pool2d.default,
+        torch.ops.aten.adaptive_max_pool3d.default,
+    }
+)
+_ONE_SIDED_CLAMPS = (
+    torch.ops.aten.clamp_min.default,
+    torch.ops.aten.clamp_max.default,
+    torch.ops.aten.clamp.default,
+)
+# ONNX op -> the op that, run on the NaN mask with the same inputs and
+# attributes, is positive where the op's window or row saw a NaN.
+_DETECTORS = {
+    "MaxPool": "MaxPool",
+    "GlobalMaxPool": "GlobalMaxPool",
+    "ReduceMax": "ReduceMax",
+    "ReduceMin": "ReduceMax",
+}
+_ARG_OPS = ("ArgMax", "ArgMin")
+_GUARDED = frozenset([*_DETECTORS, *_ARG_OPS, "Sign"])
+
+
+def pool_indices_used(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a max pooling whose indices output is read: ORT's
+    indices skip a NaN, and no ONNX op finds a window's first NaN to correct them."""
+    return node.target in _MAX_POOLS and any(
+        u.target is operator.getitem and u.args[1] == 1 for u in node.users
+    )
+
+
+def clamps_as_max_or_min(graph: torch.fx.Graph) -> None:
+    """A float clamp with one bound becomes ``maximum``/``minimum`` with that bound
+    (ONNX ``Max``/``Min``, which keep infinities and NaN as torch does)."""
+    aten = torch.ops.aten
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _ONE_SIDED_CLAMPS:
+            continue
+        like = tensor_value(node.args[0])
+        if like is None or not like.is_floating_point():
+            continue
+        arguments = arguments_by_name(node)
+        if node.target is aten.clamp.default:
+            low, high = arguments.get("min"), arguments.get("max")
+        elif node.target is aten.clamp_min.default:
+            low, high = node.args[1], None
+        else:
+            low, high = None, node.args[1]
+        bound = low if high is None else high
+        if (low is None) == (high is None) or not isinstance(bound, (int, float)):
+            continue
+        with graph.inserting_before(node):
+            limit = graph.call_function(
+                aten.full.default, ([], bound), {"dtype": like.dtype, "device": like.device}
+            )
+            op = aten.maximum.default if high is None else aten.minimum.default
+            clamped = graph.call_function(op, (node.args[0], limit))
+        node.replace_all_uses_with(clamped)
+        graph.erase_node(node)
+
+
+def nan_as_in_torch(model: Any) -> None:
+    """Every op of ``model`` (an ``onnx_ir`` model) that passes over NaN, guarded."""
+    import onnx_ir as ir
+
+    floats = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE}
+    for node in list(model.graph):
+        if node.domain not in ("", "ai.onnx") or node.op_type not in _GUARDED:
+            continue
+        x = node.inputs[0]
+        if x is None or x.dtype not in floats or any(o.uses() for o in node.outputs[1:]):
+            continue
+        _guarded(model.graph, node)
+
+
+def _guarded(graph: Any, node: Any) -> None:
+    """``node`` replaced by ``If(isnan(sum(x)))``: torch's result, else ``node`` as it was."""
+    import onnx_ir as ir
+
+    x, out = node.inputs[0], node.outputs[0]
+    total = ir.node("ReduceSum", [x], {"keepdims": 0})
+    nan_seen = ir.node("IsNaN", [total.outputs[0]])
+    plain = _copy(node)
+    exact = [_copy(node)]
+    exact += _corrected(node, exact[0].outputs[0])
+    branch = ir.node(
+        "If",
+        [nan_seen.outputs[0]],
+        {
+            "then_branch": _branch(exact, out, "nan_as_torch"),
+            "else_branch": _branch([plain], out, "as_exported"),
+        },
+        num_outputs=1,
+    )
+    name = out.name
+    # Values left unnamed are named at serialisation per graph, and a branch's
+    # names then collide with the outer graph's (ORT refuses the model).
+    for k, made in enumerate((total, nan_seen, plain, *exact)):
+        for value in made.outputs:
+            value.name = f"{name}__nan{k}"
+    out.name = None
+    guarded = branch.outputs[0]
+    guarded.name, guarded.type, guarded.shape = name, out.type, out.shape
+    graph.insert_before(node, [total, nan_seen, branch])
+    ir.convenience.replace_all_uses_with(out, guarded, replace_graph_outputs=True)
+    graph.remove(node, safe=True)
+
+
+def _copy(node: Any) -> Any:
+    import onnx_ir as ir
+
+    return ir.node(node.op_type, list(node.inputs), dict(node.attributes), num_outputs=1)
+
+
+def _branch(nodes: list[Any], like: Any, name: str) -> Any:
+    """A subgraph of ``nodes`` whose last output, typed as ``like``, is its result."""
+    import onnx_ir as ir
+
+    result = nodes[-1].outputs[0]
+    result.type, result.shape = like.type, like.shape
+    return ir.Graph([], [result], nodes=nodes, name=name)
+
+
+def _corrected(node: Any, y: Any) -> list[Any]:
+    """Nodes computing torch's result from ``node``'s output ``y``, the last one's
+    output being it."""
+    import numpy as np
+    import onnx_ir as ir
+
+    x = node.inputs[0]
+    dtype = x.dtype.numpy()
+    zero = ir.node("Constant", [], {"value": ir.tensor(np.array(0, dtype=dtype))})
+    isnan = ir.node("IsNaN", [x])
+    if node.op_type == "Sign":
+        return [zero, isnan, ir.node("Where", [isnan.outputs[0], zero.outputs[0], y])]
+    mask = ir.node("Cast", [isnan.outputs[0]], {"to": x.dtype})
+    made = [zero, isnan, mask]
+    if node.op_type in _ARG_OPS:
+        axis, keepdims = node.attributes.get_int("axis", 0), node.attributes.get_int("keepdims", 1)
+        axes = ir.node("Constant", [], {"value": ir.tensor(np.array([axis], dtype=np.int64))})
+        twin = ir.node("ReduceMax", [mask.outputs[0], axes.outputs[0]], {"keepdims": keepdims})
+        first = ir.node("ArgMax", [mask.outputs[0]], {"axis": axis, "keepdims": keepdims})
+        seen = ir.node("Greater", [twin.outputs[0], zero.outputs[0]])
+        return [*made, axes, twin, first, seen, ir.node("Where", [seen.outputs[0], first.outputs[0], y])]
+    twin = ir.node(
+        _DETECTORS[node.op_type], [mask.outputs[0], *node.inputs[1:]], dict(node.attributes), num_outputs=1
+    )
+    seen = ir.node("Greater", [twin.outputs[0], zero.outputs[0]])
+    nan = ir.node("Constant", [], {"value": ir.tensor(np.array(np.nan, dtype=dtype))})
+    return [*made, twin, seen, nan, ir.node("Where", [seen.outputs[0], nan.outputs[0], y])]

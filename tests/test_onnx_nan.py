@@ -1,0 +1,126 @@
+"""NaN and infinity through ONNX Runtime come back as torch computes them.
+
+ORT's MaxPool, ReduceMax/ReduceMin and ArgMax/ArgMin pass over a NaN that
+shares a window or row with a number, its Sign(NaN) is NaN and a one-sided Clip
+clips infinity to the largest float: a NaN input came back finite. The first
+call here holds no NaN, as a first call rarely does, so the first-call check
+cannot catch it; the second does."""
+
+import warnings
+
+import pytest
+import torch
+
+import dispatch
+from dispatch.stitch import FallbackWarning
+
+pytest.importorskip("onnxruntime")
+
+F = torch.nn.functional
+NAN, INF = float("nan"), float("inf")
+
+PATTERNS = {
+    "max_pool2d": (lambda x: F.max_pool2d(x, 2) + 1, (2, 3, 4, 4)),
+    "max_pool2d_padded": (lambda x: F.max_pool2d(x, 3, 2, 1) * 2, (2, 3, 6, 6)),
+    "adaptive_max_pool2d": (lambda x: F.adaptive_max_pool2d(x, 1) + 1, (2, 3, 4, 4)),
+    "amax": (lambda x: x.amax(-1) + 1, (3, 5)),
+    "amin_keepdim": (lambda x: x.amin(0, keepdim=True) + 1, (3, 5)),
+    "amax_every_dim": (lambda x: x.amax() + 1, (3, 5)),
+    "max": (lambda x: x.max() + 1, (3, 5)),
+    "max_dim": (lambda x: torch.stack([x.max(-1).values, x.max(-1).indices.float()]) + 1, (3, 5)),
+    "min_dim": (lambda x: torch.stack([x.min(1).values, x.min(1).indices.float()]) + 1, (3, 5)),
+    "argmax": (lambda x: (x + 1).argmax(-1), (3, 5)),
+    "argmin_keepdim": (lambda x: (x + 1).argmin(0, keepdim=True), (3, 5)),
+    "argmax_every_dim": (lambda x: (x + 1).argmax(), (3, 5)),
+    "sign": (lambda x: torch.sign(x) * 2, (3, 5)),
+    # Halved: the largest float that ORT's one-sided Clip made of infinity, doubled, is infinity again.
+    "clamp_min": (lambda x: x.clamp_min(0.1) * 0.5, (3, 5)),
+    "clamp_max": (lambda x: torch.clamp(x, max=0.1) * 0.5, (3, 5)),
+}
+
+
+def _with(shape, position, value, dtype=torch.float32):
+    x = torch.randn(shape).to(dtype)
+    x.view(-1)[position] = value
+    return x
+
+
+def _assert_as_eager(got, expected):
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    torch.testing.assert_close(got, expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+@torch.no_grad()
+def test_a_nan_or_an_infinity_comes_back_as_torch_gives_it(name):
+    fn, shape = PATTERNS[name]
+    assert {r.route for r in dispatch.explain(fn, torch.randn(shape)).regions} == {"onnxrt"}
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="auto", dynamic=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        compiled(torch.randn(shape))
+        for value in (NAN, INF, -INF):
+            for position in (1, 7):  # first and later rows and windows
+                x = _with(shape, position, value)
+                _assert_as_eager(compiled(x.clone()), fn(x.clone()))
+        everywhere = torch.full(shape, NAN)
+        _assert_as_eager(compiled(everywhere.clone()), fn(everywhere.clone()))
+
+
+class _SmallCnn(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.head = torch.nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x):
+        features = F.max_pool2d(torch.relu(self.conv(x)), 3, 2, 1)
+        return features, self.head(features.flatten(1)).softmax(-1)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@torch.no_grad()
+def test_a_nan_pixel_reaches_its_own_image_outputs_only_as_in_eager(dynamic):
+    """One NaN pixel in image 1 of 3: eager's pooled features are NaN in every window
+    the convolution spread it to, and its class scores are NaN, for that image only."""
+    model = _SmallCnn().eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="auto", dynamic=dynamic)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        compiled(torch.randn(2, 3, 8, 8))
+        x = torch.randn(3, 3, 8, 8)
+        x[1, 0, 5, 2] = NAN
+        got, expected = compiled(x), model(x)
+    assert expected[1][1].isnan().all() and not expected[1][[0, 2]].isnan().any()
+    for g, e in zip(got, expected):
+        _assert_as_eager(g, e)
+
+
+@torch.no_grad()
+def test_float16_max_pooling_keeps_a_nan():
+    fn = PATTERNS["max_pool2d"][0]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="auto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        compiled(torch.randn(2, 3, 4, 4, dtype=torch.float16))
+        for position in range(16):
+            x = _with((2, 3, 4, 4), position, NAN, torch.float16)
+            _assert_as_eager(compiled(x.clone()), fn(x.clone()))
+
+
+@torch.no_grad()
+def test_max_pooling_whose_indices_are_read_stays_off_onnx_runtime():
+    """ORT's indices skip a NaN and no ONNX op can correct them: the pool runs elsewhere."""
+
+    def unpooled(x):
+        values, indices = F.max_pool2d(x * 2, 2, return_indices=True)
+        return F.max_unpool2d(values + 1, indices, 2)
+
+    explanation = dispatch.explain(unpooled, torch.randn(1, 2, 4, 4))
+    pooling = [r for r in explanation.regions if "aten.max_pool2d_with_indices.default" in r.ops]
+    assert pooling and all(r.route != "onnxrt" for r in pooling)
+    x = _with((1, 2, 4, 4), 5, NAN)
+    _assert_as_eager(torch.compile(unpooled, backend="auto")(x.clone()), unpooled(x.clone()))
