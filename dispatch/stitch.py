@@ -259,11 +259,16 @@ class RegionRunner:
             self._fn = self.gm.forward
 
     def _after_failure(self, failed: CompiledFn, error: Exception, args: Sequence[Any]) -> Any:
+        """This call's result from torch, the route dropped; or, where torch refuses
+        the call too (an index out of range, an integer divided by zero), torch's
+        error, the route kept: the call was wrong, not the route. Dropping it
+        there ran every later call of the region eagerly."""
+        expected = self.gm(*args)
         with self._lock:
             if self._fn is failed:  # another thread may have moved on already
                 self._fn = None
                 self.next_route("run", error)
-        return self(*args)
+        return expected
 
     def next_route(self, stage: str, error: Exception) -> None:
         """Drop the failed route: warn once and go on with the next, or raise under strict."""

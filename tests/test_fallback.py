@@ -156,6 +156,42 @@ def test_errors_of_the_eager_reference_reach_the_user_unchanged():
         torch.testing.assert_close(compiled(torch.ones(3)), torch.full((3,), 2.0))
 
 
+class _Embedded(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(10, 4)
+
+    def forward(self, ids, divisor):
+        return self.embedding(ids) * 2 + 1, (ids * 3) // divisor
+
+
+@pytest.mark.parametrize(
+    ("ids", "divisor", "error", "match"),
+    [
+        ([1, 12, 3], [1, 2, 3], IndexError, "index out of range"),
+        ([1, 2, 3], [1, 0, 3], RuntimeError, "ZeroDivision"),
+    ],
+)
+@torch.no_grad()
+def test_a_call_torch_refuses_too_raises_torchs_error_and_keeps_the_route(ids, divisor, error, match):
+    """An id out of range or a division by zero is the caller's error: ORT fails
+    the run, torch raises, and the region stays on ORT. Dropping it there ran
+    every later call of the region eagerly, with a warning that blamed the route."""
+    pytest.importorskip("onnxruntime")
+    from dispatch.record import recorder
+
+    model, good = _Embedded().eval(), (torch.tensor([1, 2, 3]), torch.tensor([1, 2, 3]))
+    with recorder.recording() as records, warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        compiled = torch.compile(model, backend="auto")
+        compiled(*good)
+        with pytest.raises(error, match=match):
+            compiled(torch.tensor(ids), torch.tensor(divisor))
+        for g, e in zip(compiled(*good), model(*good)):
+            torch.testing.assert_close(g, e)
+    assert [r.route for record in records for r in record.regions] == ["onnxrt"]
+
+
 @pytest.mark.parametrize("demo", ["run-error"], indirect=True)
 def test_the_plan_stays_as_made_and_the_run_is_recorded_beside_it(demo):
     import dataclasses

@@ -237,7 +237,9 @@ def bound_session(
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
+    # Fatal only: a run that fails (an index out of range) raises, and the region
+    # reports it as torch does; ORT's own line on stderr said it twice.
+    options.log_severity_level = 4
     # The memory pattern pre-plans one block per run for all intermediates, on
     # top of the arena: +10 MB resident on the transformer layer after ten calls,
     # for no speed measurable on any benchmark model (benchmarks/README.md).
