@@ -127,7 +127,7 @@ def _guarded(graph: Any, node: Any) -> None:
         },
         num_outputs=1,
     )
-    name = out.name
+    name = out.name or f"nan_guarded_{id(node)}"
     # Values left unnamed are named at serialisation per graph, and a branch's
     # names then collide with the outer graph's (ORT refuses the model).
     for k, made in enumerate((total, nan_seen, plain, *exact)):
@@ -137,7 +137,10 @@ def _guarded(graph: Any, node: Any) -> None:
     guarded = branch.outputs[0]
     guarded.name, guarded.type, guarded.shape = name, out.type, out.shape
     graph.insert_before(node, [total, nan_seen, branch])
-    ir.convenience.replace_all_uses_with(out, guarded, replace_graph_outputs=True)
+    for k, value in enumerate(graph.outputs):
+        if value is out:
+            graph.outputs[k] = guarded
+    ir.convenience.replace_all_uses_with(out, guarded)
     graph.remove(node, safe=True)
 
 
@@ -171,7 +174,7 @@ def _corrected(node: Any, y: Any) -> list[Any]:
     mask = ir.node("Cast", [isnan.outputs[0]], {"to": x.dtype})
     made = [zero, isnan, mask]
     if node.op_type in _ARG_OPS:
-        axis, keepdims = node.attributes.get_int("axis", 0), node.attributes.get_int("keepdims", 1)
+        axis, keepdims = _int_attribute(node, "axis", 0), _int_attribute(node, "keepdims", 1)
         axes = ir.node("Constant", [], {"value": ir.tensor(np.array([axis], dtype=np.int64))})
         twin = ir.node("ReduceMax", [mask.outputs[0], axes.outputs[0]], {"keepdims": keepdims})
         first = ir.node("ArgMax", [mask.outputs[0]], {"axis": axis, "keepdims": keepdims})
@@ -183,3 +186,8 @@ def _corrected(node: Any, y: Any) -> list[Any]:
     seen = ir.node("Greater", [twin.outputs[0], zero.outputs[0]])
     nan = ir.node("Constant", [], {"value": ir.tensor(np.array(np.nan, dtype=dtype))})
     return [*made, twin, seen, nan, ir.node("Where", [seen.outputs[0], nan.outputs[0], y])]
+
+
+def _int_attribute(node: Any, name: str, default: int) -> int:
+    attribute = node.attributes.get(name)
+    return default if attribute is None else int(attribute.value)
