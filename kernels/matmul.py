@@ -45,7 +45,8 @@ else:
 @triton.jit
 def _apply_activation(y, ACT: tl.constexpr):
     if ACT == 1:
-        y = tl.maximum(y, 0.0)
+        # NaN stays NaN, as in torch.relu: the default (NONE) lowers to a max that drops it.
+        y = tl.maximum(y, 0.0, propagate_nan=tl.PropagateNan.ALL)
     elif ACT == 2:
         y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
     elif ACT == 3:

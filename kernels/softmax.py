@@ -34,7 +34,9 @@ def _softmax_kernel(
         for start in range(0, n_cols, BLOCK):
             cols = start + offs
             x = tl.load(src + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
-            m_new = tl.maximum(m, x)
+            # A NaN makes its lane NaN for good, and the sum with it, as torch gives a
+            # NaN row: the default (NONE) lowers to a max that drops it.
+            m_new = tl.maximum(m, x, propagate_nan=tl.PropagateNan.ALL)
             empty = m_new == -float("inf")
             s = tl.where(empty, 0.0, s * tl.exp(m - m_new) + tl.exp(x - m_new))
             m = m_new

@@ -41,6 +41,21 @@ def test_softmax_is_stable_and_handles_masked_rows():
         torch.testing.assert_close(got, expected)
 
 
+@pytest.mark.parametrize("block", [None, 8])
+@pytest.mark.parametrize("position", [0, 7, 39])
+def test_a_softmax_row_holding_a_nan_is_nan_as_in_torch(block, position):
+    """The blocked pass's running maximum used triton's default ``maximum``, which
+    drops a NaN (as a GPU's max instruction does): the rest of the row came back
+    as finite probabilities, where torch's row is NaN."""
+    from dispatch.kernels.softmax import softmax
+
+    x = randn(3, 40)
+    x[1, position] = float("nan")
+    got = softmax(x, block=block)
+    assert got[1].isnan().all() and not got[[0, 2]].isnan().any()
+    torch.testing.assert_close(got, torch.softmax(x, dim=-1), equal_nan=True)
+
+
 def test_softmax_rejects_other_dims():
     from dispatch.kernels.softmax import softmax
 
@@ -110,6 +125,21 @@ def test_linear_act(m, k, n, activation, dtype):
     torch.testing.assert_close(got, reference(a, weight.t(), bias, activation), rtol=rtol, atol=atol)
     no_bias = linear_act(a, weight.t(), None, activation)
     torch.testing.assert_close(no_bias, reference(a, weight.t(), None, activation), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu", "gelu_tanh", "silu"])
+def test_linear_act_keeps_a_nan_as_torch_does(activation):
+    """relu's epilogue used triton's default ``maximum``, which drops a NaN: the
+    row of a NaN input came back as zeros where ``torch.relu`` keeps NaN."""
+    from dispatch.kernels.matmul import linear_act, reference
+
+    a, weight = randn(8, 16), randn(4, 16)
+    a[3, 5] = float("nan")
+    got = linear_act(a, weight.t(), None, activation)
+    assert got[3].isnan().all() and not got[[0, 1, 2, 4, 5, 6, 7]].isnan().any()
+    torch.testing.assert_close(
+        got, reference(a, weight.t(), None, activation), equal_nan=True, rtol=1e-4, atol=1e-4
+    )
 
 
 def test_linear_act_checks_its_arguments():
