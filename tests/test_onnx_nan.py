@@ -36,6 +36,8 @@ PATTERNS = {
     # Halved: the largest float that ORT's one-sided Clip made of infinity, doubled, is infinity again.
     "clamp_min": (lambda x: x.clamp_min(0.1) * 0.5, (3, 5)),
     "clamp_max": (lambda x: torch.clamp(x, max=0.1) * 0.5, (3, 5)),
+    "clamp_min_tensor": (lambda x: torch.clamp_min(x, torch.tensor(0.1)) * 0.5, (3, 5)),
+    "clamp_max_tensor": (lambda x: torch.clamp_max(x, torch.full((), 0.1)) * 0.5, (3, 5)),
 }
 
 

@@ -44,6 +44,11 @@ _ONE_SIDED_CLAMPS = (
     torch.ops.aten.clamp_max.default,
     torch.ops.aten.clamp.default,
 )
+# With a tensor bound, torchlib exports Max/Min, except for a 0-dim bound: Clip.
+_TENSOR_CLAMPS = {
+    torch.ops.aten.clamp_min.Tensor: torch.ops.aten.maximum.default,
+    torch.ops.aten.clamp_max.Tensor: torch.ops.aten.minimum.default,
+}
 # ONNX op -> the op that, run on the NaN mask with the same inputs and
 # attributes, is positive where the op's window or row saw a NaN.
 _DETECTORS = {
@@ -65,14 +70,18 @@ def pool_indices_used(node: torch.fx.Node) -> bool:
 
 
 def clamps_as_max_or_min(graph: torch.fx.Graph) -> None:
-    """A float clamp with one bound becomes ``maximum``/``minimum`` with that bound
-    (ONNX ``Max``/``Min``, which keep infinities and NaN as torch does)."""
+    """A float clamp with one bound, a number or a tensor, becomes ``maximum`` or
+    ``minimum`` with that bound (ONNX ``Max``/``Min``, which keep infinities and
+    NaN as torch does)."""
     aten = torch.ops.aten
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in _ONE_SIDED_CLAMPS:
+        if node.op != "call_function" or node.target not in (*_ONE_SIDED_CLAMPS, *_TENSOR_CLAMPS):
             continue
         like = tensor_value(node.args[0])
         if like is None or not like.is_floating_point():
+            continue
+        if node.target in _TENSOR_CLAMPS:
+            node.target = _TENSOR_CLAMPS[node.target]
             continue
         arguments = arguments_by_name(node)
         if node.target is aten.clamp.default:
