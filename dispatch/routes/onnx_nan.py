@@ -4,11 +4,9 @@ ONNX Runtime's CPU kernels for MaxPool, ReduceMax/ReduceMin and ArgMax/ArgMin
 pass over a NaN that shares a window or a row with a number (onnxruntime issue
 10514: which one wins depends on its position), where torch returns NaN and,
 for the arg ops, the NaN's index (torch orders NaN above every number).
-``Sign(NaN)`` is NaN where torch's ``sign(nan)`` is 0, and a one-sided ``Clip``
-clips at the float's largest finite value: ``clamp_min(inf, 0.1)`` came back
-as 3.4e38. A model whose input or activations held a NaN came back finite, and
-a caller's ``isnan`` check saw nothing. The first-call check cannot see this:
-a first call rarely holds a NaN.
+``Sign(NaN)`` is NaN where torch's ``sign(nan)`` is 0. A model whose input or
+activations held a NaN came back finite, and a caller's ``isnan`` check saw
+nothing. The first-call check cannot see this: a first call rarely holds a NaN.
 
 Each such op runs under an ONNX ``If`` on whether its input's sum is NaN: only
 then (a NaN, or both infinities) does a branch compute torch's result from the
@@ -17,38 +15,16 @@ read of the input: a max pooling of 1x64x112x112 took 194 against 140 µs in
 ORT alone, where computing the twin on every call took 525. The ``If`` is
 built on the exported model, after the exporter's optimizer, which mishandled
 values of unknown shape coming out of an ``If`` (``x + 0`` became a flatten).
+
+Two cases are settled on the aten region instead: a one-sided clamp exports as
+Max/Min (``onnx_rewrites.py``), and a max pooling whose indices are read stays
+off ORT (``onnx_ops.not_as_in_torch``).
 """
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
-import torch
-import torch.fx
-
-from ..inspect import tensor_value
-from .onnx_ops import arguments_by_name
-
-_MAX_POOLS = frozenset(
-    {
-        torch.ops.aten.max_pool2d_with_indices.default,
-        torch.ops.aten.max_pool3d_with_indices.default,
-        torch.ops.aten.adaptive_max_pool1d.default,
-        torch.ops.aten.adaptive_max_pool2d.default,
-        torch.ops.aten.adaptive_max_pool3d.default,
-    }
-)
-_ONE_SIDED_CLAMPS = (
-    torch.ops.aten.clamp_min.default,
-    torch.ops.aten.clamp_max.default,
-    torch.ops.aten.clamp.default,
-)
-# With a tensor bound, torchlib exports Max/Min, except for a 0-dim bound: Clip.
-_TENSOR_CLAMPS = {
-    torch.ops.aten.clamp_min.Tensor: torch.ops.aten.maximum.default,
-    torch.ops.aten.clamp_max.Tensor: torch.ops.aten.minimum.default,
-}
 # ONNX op -> the op that, run on the NaN mask with the same inputs and
 # attributes, is positive where the op's window or row saw a NaN.
 _DETECTORS = {
@@ -59,48 +35,6 @@ _DETECTORS = {
 }
 _ARG_OPS = ("ArgMax", "ArgMin")
 _GUARDED = frozenset([*_DETECTORS, *_ARG_OPS, "Sign"])
-
-
-def pool_indices_used(node: torch.fx.Node) -> bool:
-    """Whether ``node`` is a max pooling whose indices output is read: ORT's
-    indices skip a NaN, and no ONNX op finds a window's first NaN to correct them."""
-    return node.target in _MAX_POOLS and any(
-        u.target is operator.getitem and u.args[1] == 1 for u in node.users
-    )
-
-
-def clamps_as_max_or_min(graph: torch.fx.Graph) -> None:
-    """A float clamp with one bound, a number or a tensor, becomes ``maximum`` or
-    ``minimum`` with that bound (ONNX ``Max``/``Min``, which keep infinities and
-    NaN as torch does)."""
-    aten = torch.ops.aten
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in (*_ONE_SIDED_CLAMPS, *_TENSOR_CLAMPS):
-            continue
-        like = tensor_value(node.args[0])
-        if like is None or not like.is_floating_point():
-            continue
-        if node.target in _TENSOR_CLAMPS:
-            node.target = _TENSOR_CLAMPS[node.target]
-            continue
-        arguments = arguments_by_name(node)
-        if node.target is aten.clamp.default:
-            low, high = arguments.get("min"), arguments.get("max")
-        elif node.target is aten.clamp_min.default:
-            low, high = node.args[1], None
-        else:
-            low, high = None, node.args[1]
-        bound = low if high is None else high
-        if (low is None) == (high is None) or not isinstance(bound, (int, float)):
-            continue
-        with graph.inserting_before(node):
-            limit = graph.call_function(
-                aten.full.default, ([], bound), {"dtype": like.dtype, "device": like.device}
-            )
-            op = aten.maximum.default if high is None else aten.minimum.default
-            clamped = graph.call_function(op, (node.args[0], limit))
-        node.replace_all_uses_with(clamped)
-        graph.erase_node(node)
 
 
 def nan_as_in_torch(model: Any) -> None:

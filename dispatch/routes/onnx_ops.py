@@ -11,6 +11,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import operator
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,18 @@ def _translatable_names(root: Path | None) -> frozenset[str]:
     return frozenset(names)
 
 
+# Max poolings: aten ops returning (values, indices).
+_MAX_POOLS = frozenset(
+    {
+        torch.ops.aten.max_pool2d_with_indices.default,
+        torch.ops.aten.max_pool3d_with_indices.default,
+        torch.ops.aten.adaptive_max_pool1d.default,
+        torch.ops.aten.adaptive_max_pool2d.default,
+        torch.ops.aten.adaptive_max_pool3d.default,
+    }
+)
+
+
 def not_as_in_torch(node: torch.fx.Node) -> str | None:
     """Why ONNX Runtime would not compute ``node`` as torch does, or None.
 
@@ -119,9 +132,8 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
     if "avg_pool" in str(target) and arguments_by_name(node).get("divisor_override") is not None:
         # torchlib's avg_pool drops the argument (a TODO in its source): 0.46 off.
         return f"{target} with divisor_override: the ONNX exporter ignores it"
-    from .onnx_nan import pool_indices_used  # onnx_nan imports this module
-
-    if pool_indices_used(node):
+    if target in _MAX_POOLS and any(u.target is operator.getitem and u.args[1] == 1 for u in node.users):
+        # ORT's indices skip a NaN, and no ONNX op finds a window's first NaN (onnx_nan.py).
         return f"{target} with its indices read: ONNX Runtime's MaxPool passes over NaN, and its indices cannot be corrected"
     return None
 

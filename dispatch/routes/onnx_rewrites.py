@@ -11,7 +11,6 @@ import torch
 import torch.fx
 
 from ..inspect import META_VAL, tensor_value
-from .onnx_nan import clamps_as_max_or_min
 from .onnx_ops import arguments_by_name
 
 
@@ -23,7 +22,7 @@ def rewrite_for_onnx(graph: torch.fx.Graph) -> None:
     _attention_with_grouped_heads(graph)
     _int64_indices(graph)
     _floor_divide_in_result_dtype(graph)
-    clamps_as_max_or_min(graph)
+    _clamps_as_max_or_min(graph)
     _reductions_over_every_dim_name_them(graph)
 
 
@@ -61,6 +60,53 @@ def _floor_divide_in_result_dtype(graph: torch.fx.Graph) -> None:
         if value is None or result is None or value.dtype == result.dtype:
             continue
         node.args = (_cast_before(graph, node, node.args[0], result.dtype), *node.args[1:])
+
+
+_ONE_SIDED_CLAMPS = (
+    torch.ops.aten.clamp_min.default,
+    torch.ops.aten.clamp_max.default,
+    torch.ops.aten.clamp.default,
+)
+# With a tensor bound, torchlib exports Max/Min, except for a 0-dim bound: Clip.
+_TENSOR_CLAMPS = {
+    torch.ops.aten.clamp_min.Tensor: torch.ops.aten.maximum.default,
+    torch.ops.aten.clamp_max.Tensor: torch.ops.aten.minimum.default,
+}
+
+
+def _clamps_as_max_or_min(graph: torch.fx.Graph) -> None:
+    """A float clamp with one bound, a number or a tensor, becomes ``maximum`` or
+    ``minimum`` with that bound (ONNX ``Max``/``Min``, which keep infinities and
+    NaN as torch does). torchlib exported it as a one-sided ``Clip``, which clips
+    at the float's largest finite value: ``clamp_min(inf, 0.1)`` came back as 3.4e38."""
+    aten = torch.ops.aten
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in (*_ONE_SIDED_CLAMPS, *_TENSOR_CLAMPS):
+            continue
+        like = tensor_value(node.args[0])
+        if like is None or not like.is_floating_point():
+            continue
+        if node.target in _TENSOR_CLAMPS:
+            node.target = _TENSOR_CLAMPS[node.target]
+            continue
+        arguments = arguments_by_name(node)
+        if node.target is aten.clamp.default:
+            low, high = arguments.get("min"), arguments.get("max")
+        elif node.target is aten.clamp_min.default:
+            low, high = node.args[1], None
+        else:
+            low, high = None, node.args[1]
+        bound = low if high is None else high
+        if (low is None) == (high is None) or not isinstance(bound, (int, float)):
+            continue
+        with graph.inserting_before(node):
+            limit = graph.call_function(
+                aten.full.default, ([], bound), {"dtype": like.dtype, "device": like.device}
+            )
+            op = aten.maximum.default if high is None else aten.minimum.default
+            clamped = graph.call_function(op, (node.args[0], limit))
+        node.replace_all_uses_with(clamped)
+        graph.erase_node(node)
 
 
 def _reductions_over_every_dim_name_them(graph: torch.fx.Graph) -> None:
