@@ -176,9 +176,9 @@ def test_layers_that_share_one_graph_each_keep_their_weights_baked(monkeypatch):
     baked = []  # how many weights each export baked in
     export = onnxrt_route.export_region
 
-    def recording(gm, args, frozen=frozenset()):
+    def recording(gm, args, frozen=frozenset(), **options):
         baked.append(len(frozen))
-        return export(gm, args, frozen)
+        return export(gm, args, frozen, **options)
 
     monkeypatch.setattr(onnxrt_route, "export_region", recording)
     model, x = _Layers(4).eval(), torch.randn(4, 16)

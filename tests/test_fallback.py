@@ -95,11 +95,11 @@ def test_onnxrt_export_failure_falls_back_per_region(monkeypatch):
 
     exports = []
 
-    def flaky_export(gm, example_inputs, *rest):
+    def flaky_export(gm, example_inputs, *rest, **options):
         exports.append(gm)
         if len(exports) == 1:
             raise RuntimeError("simulated exporter bug")
-        return real_export(gm, example_inputs, *rest)
+        return real_export(gm, example_inputs, *rest, **options)
 
     real_export = onnxrt.export_region
     monkeypatch.setattr(onnxrt, "export_region", flaky_export)

@@ -19,20 +19,26 @@ import torch.fx
 
 from ..inspect import META_VAL
 from .onnx_model import OnnxModel
-from .onnx_nan import nan_as_in_torch
+from .onnx_nan import flag_nan_inputs, nan_as_in_torch
 from .onnx_ops import export_opset, onnx_registry, quiet_loggers
 from .onnx_outputs import output_values
 from .onnx_rewrites import rewrite_for_onnx
 
 
 def export_region(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], frozen: frozenset[int] = frozenset()
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    frozen: frozenset[int] = frozenset(),
+    flag_nan: bool = False,
 ) -> OnnxModel:
     """The ONNX model of an aten region, its large initializers kept beside the graph.
 
     Placeholders at the ``frozen`` positions become constants (buffers of the
     exported module) holding the values in ``example_inputs``. Symbolic
-    dimensions of the other inputs become dynamic axes.
+    dimensions of the other inputs become dynamic axes. The ops that pass over
+    NaN (``onnx_nan.py``) compute torch's result in the model, or with
+    ``flag_nan`` are left as they are and flagged in a last output, ``NAN_SEEN``,
+    where the model has one.
     """
     root = torch.nn.Module()
     graph = copy.deepcopy(gm.graph)
@@ -58,8 +64,11 @@ def export_region(
     dynamic_shapes = tuple(dynamic) if any(dynamic) else None
     with _exporters_quiet(), torch.no_grad():
         program = _export(module, tuple(args), dynamic_shapes)
-    nan_as_in_torch(program.model)
     _outputs_in_traced_dtypes(program.model, gm)
+    if flag_nan:
+        flag_nan_inputs(program.model)
+    else:
+        nan_as_in_torch(program.model)
     return OnnxModel.from_ir(program.model)
 
 

@@ -8,8 +8,9 @@ graph names each large initializer as external data; ONNX Runtime takes the
 arrays through ``SessionOptions.add_external_initializers``.
 
 In the persistent cache an entry is one payload: an 8-byte header length, a
-JSON header (graph size; name, dtype, shape and offset of each array), the
-graph, then each array at a 64-byte aligned offset.
+JSON header (graph size; name, dtype, shape and offset of each array; whether
+the last output is the NaN flag of ``onnx_nan.py``), the graph, then each array
+at a 64-byte aligned offset.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from .onnx_nan import NAN_SEEN
 
 # Smaller initializers (shapes, scalars) stay in the graph, where shape inference reads them.
 EXTERNAL_MIN_BYTES = 4096
@@ -31,10 +34,12 @@ _HEADER = struct.Struct("<Q")
 @dataclass
 class OnnxModel:
     """``graph``: ONNX model bytes; ``initializers``: name -> numpy array of each
-    initializer that ``graph`` declares as external data."""
+    initializer that ``graph`` declares as external data; ``flags_nan``: the last
+    output is ``NAN_SEEN``, not one of the region's."""
 
     graph: bytes
     initializers: Mapping[str, Any]
+    flags_nan: bool = False
 
     def __post_init__(self) -> None:
         import numpy as np
@@ -63,13 +68,15 @@ class OnnxModel:
             value.const_value = ir.ExternalTensor(
                 EXTERNAL_LOCATION, 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=name
             )
+        outputs = model.graph.outputs
+        flags_nan = bool(outputs) and outputs[-1].name == NAN_SEEN
         graph = ir.serde.serialize_model(model).SerializeToString()
         # onnxscript's rewrite rules keep the last graph they matched (0.7.2), and the
         # exporter's initializers are views of the model's own weights: emptied, that
         # graph holds none of them once the model is deleted.
         for value in model.graph.initializers.values():
             value.const_value = None
-        return cls(graph, arrays)
+        return cls(graph, arrays, flags_nan)
 
     def parts(self) -> list[Any]:
         """The cache payload, as buffers to write one after another (no joined copy)."""
@@ -80,7 +87,9 @@ class OnnxModel:
             entries.append([name, array.dtype.str, list(array.shape), offset])
             arrays.append(array)
             offset = _aligned(offset + array.nbytes)
-        header = json.dumps({"graph": len(self.graph), "initializers": entries}).encode()
+        header = json.dumps(
+            {"graph": len(self.graph), "initializers": entries, "flags_nan": self.flags_nan}
+        ).encode()
         parts: list[Any] = [_HEADER.pack(len(header)), header, self.graph]
         written = len(self.graph)
         for (_, _, _, at), array in zip(entries, arrays):
@@ -103,7 +112,7 @@ class OnnxModel:
             dtype = np.dtype(dtype)
             count = int(np.prod(shape, dtype=np.int64))
             arrays[name] = np.frombuffer(body, dtype=dtype, count=count, offset=at).reshape(shape)
-        return cls(graph, arrays)
+        return cls(graph, arrays, bool(header.get("flags_nan", False)))
 
     def session_options(self, options: Any) -> Any:
         """``options`` with this model's external initializers added (ORT copies them

@@ -19,7 +19,7 @@ feature map and raises on a contiguous one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -30,7 +30,21 @@ from .base import CompiledFn
 
 
 def in_traced_layout(run: CompiledFn, gm: torch.fx.GraphModule) -> CompiledFn:
-    """``run``, with each output in the type and layout the graph was traced with.
+    """``run``, with each output in the type and layout the graph was traced with
+    (``traced_form``)."""
+    form = traced_form(gm)
+    if form is None:
+        return run
+
+    def in_traced_form(*args: Any) -> tuple[Any, ...]:
+        return form(run(*args))
+
+    return in_traced_form
+
+
+def traced_form(gm: torch.fx.GraphModule) -> Callable[[Sequence[Any]], tuple[Any, ...]] | None:
+    """What puts ORT's outputs of ``gm`` in the type and layout the graph was traced
+    with; None where they are in it already.
 
     A size the graph returns (a ``SymInt`` such as ``min(h, w)`` that the model
     stores on itself or returns) comes back from ORT as a 0-dim tensor and is
@@ -44,10 +58,10 @@ def in_traced_layout(run: CompiledFn, gm: torch.fx.GraphModule) -> CompiledFn:
     layouts = _traced_layouts(gm)
     numbers = _number_outputs(gm)
     if not layouts and not numbers:
-        return run
+        return None
 
-    def in_traced_form(*args: Any) -> tuple[Any, ...]:
-        outputs: list[Any] = list(run(*args))
+    def form(returned: Sequence[Any]) -> tuple[Any, ...]:
+        outputs = list(returned)
         for k, (size, stride) in layouts:
             t = outputs[k]
             outputs[k] = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
@@ -55,7 +69,7 @@ def in_traced_layout(run: CompiledFn, gm: torch.fx.GraphModule) -> CompiledFn:
             outputs[k] = kind(outputs[k].item())
         return tuple(outputs)
 
-    return in_traced_form
+    return form
 
 
 _NUMBER_KINDS: tuple[tuple[type, type], ...] = (

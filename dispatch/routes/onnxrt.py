@@ -45,7 +45,7 @@ from .base import (
 from .onnx_export import export_region, fed_positions
 from .onnx_model import OnnxModel
 from .onnx_ops import export_opset, not_as_in_torch, translatable
-from .onnx_outputs import checked_against_torch, in_traced_layout, output_values
+from .onnx_outputs import checked_against_torch, in_traced_layout, output_values, traced_form
 from .onnx_threads import ONE, POOL, TRIAL, ThreadCountTrial, thread_plan
 from .registry import registry
 
@@ -58,6 +58,9 @@ _FLOAT64_REASON = (
     "Erf or GELU (a region holding one failed whole), and ran a float64 SiLU MLP 3.2x slower than eager"
 )
 _ENTRY_FORMAT = "graph+initializers"  # cache entries of the format of onnx_model.py
+# How the exported model gives torch's result where an op passes over NaN
+# (onnx_nan.py): computed in the model, or flagged and run again by torch.
+_NAN_IN_MODEL, _NAN_FLAGGED = "nan-in-model", "nan-flagged"
 
 
 @registry.register
@@ -172,16 +175,19 @@ def weights_frozen_by_user() -> bool:
     return bool(config.freezing)
 
 
-def _cached_export(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> OnnxModel:
+def _cached_export(
+    gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int], flag_nan: bool = False
+) -> OnnxModel:
     """The region's ONNX model, from the persistent cache when an earlier process
     exported the same region with the same baked weights."""
     cache = current_cache()
     if cache is None:
-        return export_region(gm, args, frozen)
+        return export_region(gm, args, frozen, flag_nan=flag_nan)
     key = region_key(
         gm,
         "onnxrt",
         _ENTRY_FORMAT,
+        _NAN_FLAGGED if flag_nan else _NAN_IN_MODEL,
         export_opset(),
         sorted(frozen),
         tensors_digest(args[i] for i in sorted(frozen)),
@@ -189,21 +195,30 @@ def _cached_export(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozen
     payload = cache.get("onnx", key)
     if payload is not None:
         return OnnxModel.from_payload(payload)
-    model = export_region(gm, args, frozen)
+    model = export_region(gm, args, frozen, flag_nan=flag_nan)
     cache.put_parts("onnx", key, model.parts())
     return model
 
 
 def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> CompiledFn:
-    model = _cached_export(gm, args, frozen)
+    """The region's session. On CPU its ops that pass over NaN are flagged, not
+    corrected in the model (``onnx_nan.py``): every call brings the region's
+    inputs, weights included, so torch can run the one whose flag is up. On CUDA
+    reading the flag would wait for the device on every call."""
+    device = first_device(args)
+    model = _cached_export(gm, args, frozen, flag_nan=device.type == "cpu")
+    count = len(output_values(gm))
+    flagged = model.flags_nan
     run = threaded_session(
         model,
-        first_device(args),
+        device,
         thread_plan(gm, args),
         fed_positions(args, frozen),
-        _bool_outputs(gm),
-        len(output_values(gm)),
+        [*_bool_outputs(gm), *([count] if flagged else [])],
+        count + flagged,
     )
+    if flagged:
+        return TorchWhereNaN(run, gm)
     return in_traced_layout(run, gm)
 
 
@@ -267,6 +282,32 @@ def bound_session(
             f"onnxrt: exported model has {len(outputs)} outputs, the region has {output_count}"
         )
     return _BoundRunner(session, feed_names, positions, outputs, device, bools)
+
+
+class TorchWhereNaN:
+    """A flagged session's runner (``onnx_nan.flag_nan_inputs``): ORT's outputs, or
+    where a NaN reached an op that ORT passes over, torch's, from the region run
+    by torch on the same call. Computing torch's answer inside the model instead
+    made hf_resnet's ORT run 28% slower."""
+
+    def __init__(self, run: CompiledFn, gm: torch.fx.GraphModule) -> None:
+        self.run = run
+        self.gm = gm
+        self.form = traced_form(gm)
+        self.said = False
+
+    def __call__(self, *args: Any) -> tuple[Any, ...]:
+        *outputs, nan_seen = self.run(*args)
+        if nan_seen.item():
+            if not self.said:
+                self.said = True
+                log.info(
+                    "onnxrt region: a NaN reached a max, max pooling, argmax or sign, where ONNX "
+                    "Runtime passes over it; torch runs each such call of this region"
+                )
+            result = self.gm(*args)
+            return tuple(result) if isinstance(result, (list, tuple)) else (result,)
+        return self.form(outputs) if self.form is not None else tuple(outputs)
 
 
 def _bool_outputs(gm: torch.fx.GraphModule) -> list[int]:
