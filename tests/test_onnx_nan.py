@@ -21,7 +21,8 @@ NAN, INF = float("nan"), float("inf")
 
 PATTERNS = {
     "max_pool2d": (lambda x: F.max_pool2d(x, 2) + 1, (2, 3, 4, 4)),
-    "max_pool2d_padded": (lambda x: F.max_pool2d(x, 3, 2, 1) * 2, (2, 3, 6, 6)),
+    # Not doubled: -3.4e38 doubled is -inf, which hid a wrong -3.4e38 (below).
+    "max_pool2d_padded": (lambda x: F.max_pool2d(x, 3, 2, 1) + 1, (2, 3, 6, 6)),
     "adaptive_max_pool2d": (lambda x: F.adaptive_max_pool2d(x, 1) + 1, (2, 3, 4, 4)),
     "amax": (lambda x: x.amax(-1) + 1, (3, 5)),
     "amin_keepdim": (lambda x: x.amin(0, keepdim=True) + 1, (3, 5)),
@@ -66,8 +67,11 @@ def test_a_nan_or_an_infinity_comes_back_as_torch_gives_it(name):
             for position in (1, 7):  # first and later rows and windows
                 x = _with(shape, position, value)
                 _assert_as_eager(compiled(x.clone()), fn(x.clone()))
-        everywhere = torch.full(shape, NAN)
-        _assert_as_eager(compiled(everywhere.clone()), fn(everywhere.clone()))
+        # All -inf: ORT pads a max pooling with the lowest finite float, so a
+        # window at the border came out as -3.4e38 where torch's is -inf.
+        for value in (NAN, -INF):
+            everywhere = torch.full(shape, value)
+            _assert_as_eager(compiled(everywhere.clone()), fn(everywhere.clone()))
 
 
 class _SmallCnn(torch.nn.Module):
@@ -111,6 +115,14 @@ def test_float16_max_pooling_keeps_a_nan():
         for position in range(16):
             x = _with((2, 3, 4, 4), position, NAN, torch.float16)
             _assert_as_eager(compiled(x.clone()), fn(x.clone()))
+    padded = PATTERNS["max_pool2d_padded"][0]
+    torch._dynamo.reset()
+    compiled = torch.compile(padded, backend="auto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        compiled(torch.randn(2, 3, 6, 6, dtype=torch.float16))
+        lowest = torch.full((2, 3, 6, 6), -INF, dtype=torch.float16)
+        _assert_as_eager(compiled(lowest.clone()), padded(lowest.clone()))
 
 
 @torch.no_grad()
@@ -152,11 +164,10 @@ def test_a_model_that_computes_torch_s_result_itself_gives_it(name):
         model.graph, model.session_options(ort.SessionOptions()), providers=["CPUExecutionProvider"]
     )
     (feed,) = [i.name for i in session.get_inputs()]
-    for value in (NAN, INF, -INF):
-        for position in (1, 7):
-            x = _with(shape, position, value)
-            (got,) = session.run(None, {feed: x.numpy()})
-            _assert_as_eager(torch.from_numpy(got), fn(x))
+    cases = [_with(shape, p, v) for v in (NAN, INF, -INF) for p in (1, 7)]
+    for x in [*cases, torch.full(shape, NAN), torch.full(shape, -INF), torch.randn(shape)]:
+        (got,) = session.run(None, {feed: x.numpy()})
+        _assert_as_eager(torch.from_numpy(got), fn(x))
 
 
 @torch.no_grad()

@@ -69,8 +69,7 @@ def flag_nan_inputs(model: Any) -> bool:
             # Runs in ORT's blocked layout, where a ReduceSum would take its input out of it.
             read.append(ir.node("GlobalAveragePool", [x]))
             x = read[-1].outputs[0]
-        read.append(ir.node("ReduceSum", [x], {"keepdims": 0}))
-        read.append(ir.node("IsNaN", [read[-1].outputs[0]]))
+        read += _unlike_torch(node, x)
         for j, made in enumerate(read):
             made.outputs[0].name = f"{NAN_SEEN}_{k}_{j}"
         graph.insert_before(node, read)
@@ -109,14 +108,13 @@ def _guarded(graph: Any, node: Any) -> None:
     import onnx_ir as ir
 
     x, out = node.inputs[0], node.outputs[0]
-    total = ir.node("ReduceSum", [x], {"keepdims": 0})
-    nan_seen = ir.node("IsNaN", [total.outputs[0]])
+    check = _unlike_torch(node, x)
     plain = _copy(node)
     exact = [_copy(node)]
     exact += _corrected(node, exact[0].outputs[0])
     branch = ir.node(
         "If",
-        [nan_seen.outputs[0]],
+        [check[-1].outputs[0]],
         {
             "then_branch": _branch(exact, out, "nan_as_torch"),
             "else_branch": _branch([plain], out, "as_exported"),
@@ -126,18 +124,48 @@ def _guarded(graph: Any, node: Any) -> None:
     name = out.name or f"nan_guarded_{id(node)}"
     # Values left unnamed are named at serialisation per graph, and a branch's
     # names then collide with the outer graph's (ORT refuses the model).
-    for k, made in enumerate((total, nan_seen, plain, *exact)):
+    for k, made in enumerate((*check, plain, *exact)):
         for value in made.outputs:
             value.name = f"{name}__nan{k}"
     out.name = None
     guarded = branch.outputs[0]
     guarded.name, guarded.type, guarded.shape = name, out.type, out.shape
-    graph.insert_before(node, [total, nan_seen, branch])
+    graph.insert_before(node, [*check, branch])
     for k, value in enumerate(graph.outputs):
         if value is out:
             graph.outputs[k] = guarded
     ir.convenience.replace_all_uses_with(out, guarded)
     graph.remove(node, safe=True)
+
+
+def _unlike_torch(node: Any, read: Any) -> list[Any]:
+    """Nodes whose last output says whether ``node`` may differ from torch on this
+    call, from ``read`` (its input, or that input pooled per channel): its sum is
+    NaN (a NaN, or both infinities), or for a padded max pooling, -inf."""
+    import onnx_ir as ir
+
+    total = ir.node("ReduceSum", [read], {"keepdims": 0})
+    nan = ir.node("IsNaN", [total.outputs[0]])
+    if not _pads(node):
+        return [total, nan]
+    # IsInf takes no float16 before opset 20: the sum is read as float32.
+    wide = ir.node("Cast", [total.outputs[0]], {"to": ir.DataType.FLOAT})
+    low = ir.node("IsInf", [wide.outputs[0]], {"detect_positive": 0})
+    return [total, nan, wide, low, ir.node("Or", [nan.outputs[0], low.outputs[0]])]
+
+
+def _pads(node: Any) -> bool:
+    """Whether ``node`` is a max pooling whose windows may reach past the input.
+    ORT pads with the lowest finite float, so a window whose own elements are all
+    -inf came out as -3.4e38 where torch's is -inf."""
+    if node.op_type != "MaxPool":
+        return False
+    pads, ceil, auto = (node.attributes.get(a) for a in ("pads", "ceil_mode", "auto_pad"))
+    return (
+        (pads is not None and any(pads.value))
+        or (ceil is not None and bool(ceil.value))
+        or (auto is not None and auto.value != "NOTSET")
+    )
 
 
 def _copy(node: Any) -> Any:
@@ -176,12 +204,34 @@ def _corrected(node: Any, y: Any) -> list[Any]:
         first = ir.node("ArgMax", [mask.outputs[0]], {"axis": axis, "keepdims": keepdims})
         seen = ir.node("Greater", [twin.outputs[0], zero.outputs[0]])
         return [*made, axes, twin, first, seen, ir.node("Where", [seen.outputs[0], first.outputs[0], y])]
+    if _pads(node):
+        made += _lowest_where_torch_s_is(node, y, dtype)
+        y = made[-1].outputs[0]
     twin = ir.node(
         _DETECTORS[node.op_type], [mask.outputs[0], *node.inputs[1:]], dict(node.attributes), num_outputs=1
     )
     seen = ir.node("Greater", [twin.outputs[0], zero.outputs[0]])
     nan = ir.node("Constant", [], {"value": ir.tensor(np.array(np.nan, dtype=dtype))})
     return [*made, twin, seen, nan, ir.node("Where", [seen.outputs[0], nan.outputs[0], y])]
+
+
+def _lowest_where_torch_s_is(node: Any, y: Any, dtype: Any) -> list[Any]:
+    """Nodes making -inf of the padded max pooling ``node``'s output ``y`` in each
+    window whose own elements are all -inf: its twin over ``x != -inf`` is 0 there."""
+    import numpy as np
+    import onnx_ir as ir
+
+    x = node.inputs[0]
+    low = ir.node("Constant", [], {"value": ir.tensor(np.array(-np.inf, dtype=dtype))})
+    zero = ir.node("Constant", [], {"value": ir.tensor(np.array(0, dtype=dtype))})
+    wide = ir.node("Cast", [x], {"to": ir.DataType.FLOAT})
+    lowest = ir.node("IsInf", [wide.outputs[0]], {"detect_positive": 0})
+    other = ir.node("Not", [lowest.outputs[0]])
+    real = ir.node("Cast", [other.outputs[0]], {"to": x.dtype})
+    twin = ir.node("MaxPool", [real.outputs[0]], dict(node.attributes), num_outputs=1)
+    seen = ir.node("Greater", [twin.outputs[0], zero.outputs[0]])
+    made = [low, zero, wide, lowest, other, real, twin, seen]
+    return [*made, ir.node("Where", [seen.outputs[0], y, low.outputs[0]])]
 
 
 def _int_attribute(node: Any, name: str, default: int) -> int:
