@@ -18,6 +18,7 @@ import torch
 import torch.fx
 
 from ..inspect import META_VAL
+from .onnx_guards import shape_guards
 from .onnx_model import OnnxModel
 from .onnx_nan import flag_nan_inputs, nan_as_in_torch
 from .onnx_ops import export_opset, onnx_registry, quiet_loggers
@@ -35,7 +36,8 @@ def export_region(
 
     Placeholders at the ``frozen`` positions become constants (buffers of the
     exported module) holding the values in ``example_inputs``. Symbolic
-    dimensions of the other inputs become dynamic axes. The ops that pass over
+    dimensions of the other inputs become dynamic axes, and the model carries the
+    guards on their sizes that the export took (``onnx_guards.py``). The ops that pass over
     NaN (``onnx_nan.py``) compute torch's result in the model, or with
     ``flag_nan`` are left as they are and flagged in a last output, ``NAN_SEEN``,
     where the model has one.
@@ -43,7 +45,7 @@ def export_region(
     root = torch.nn.Module()
     graph = copy.deepcopy(gm.graph)
     placeholders = graph.find_nodes(op="placeholder")
-    args, dynamic = [], []
+    args, dynamic, positions = [], [], {}
     for i, node in enumerate(placeholders):
         value = example_inputs[i]
         value = value.detach() if isinstance(value, torch.Tensor) else value
@@ -58,18 +60,20 @@ def export_region(
         elif isinstance(value, torch.Tensor):
             args.append(value)
             dynamic.append(_dynamic_axes(node))
+            positions[node.name] = positions[str(node.target)] = i
     _sizes_from_tensors(graph)
     rewrite_for_onnx(graph)
     module = torch.fx.GraphModule(root, graph)
     dynamic_shapes = tuple(dynamic) if any(dynamic) else None
     with _exporters_quiet(), torch.no_grad():
         program = _export(module, tuple(args), dynamic_shapes)
+    guards = shape_guards(program, positions) if dynamic_shapes is not None else ()
     _outputs_in_traced_dtypes(program.model, gm)
     if flag_nan:
         flag_nan_inputs(program.model)
     else:
         nan_as_in_torch(program.model)
-    return OnnxModel.from_ir(program.model)
+    return OnnxModel.from_ir(program.model, guards)
 
 
 def _outputs_in_traced_dtypes(model: Any, gm: torch.fx.GraphModule) -> None:

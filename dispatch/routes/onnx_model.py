@@ -9,8 +9,9 @@ arrays through ``SessionOptions.add_external_initializers``.
 
 In the persistent cache an entry is one payload: an 8-byte header length, a
 JSON header (graph size; name, dtype, shape and offset of each array; whether
-the last output is the NaN flag of ``onnx_nan.py``), the graph, then each array
-at a 64-byte aligned offset.
+the last output is the NaN flag of ``onnx_nan.py``; the guards on input sizes
+that the model holds under, ``onnx_guards.py``), the graph, then each array at
+a 64-byte aligned offset.
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ _HEADER = struct.Struct("<Q")
 class OnnxModel:
     """``graph``: ONNX model bytes; ``initializers``: name -> numpy array of each
     initializer that ``graph`` declares as external data; ``flags_nan``: the last
-    output is ``NAN_SEEN``, not one of the region's."""
+    output is ``NAN_SEEN``, not one of the region's; ``guards``: what the region's
+    arguments must meet for the model to compute what torch does (``onnx_guards.py``)."""
 
     graph: bytes
     initializers: Mapping[str, Any]
     flags_nan: bool = False
+    guards: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         import numpy as np
@@ -49,7 +52,7 @@ class OnnxModel:
         self.initializers = {n: np.ascontiguousarray(a) for n, a in self.initializers.items()}
 
     @classmethod
-    def from_ir(cls, model: Any) -> OnnxModel:
+    def from_ir(cls, model: Any, guards: tuple[str, ...] = ()) -> OnnxModel:
         """Move the large initializers of an ``onnx_ir`` model out of it, then serialise it.
 
         The model is changed in place: those initializers become external tensors,
@@ -76,7 +79,7 @@ class OnnxModel:
         # graph holds none of them once the model is deleted.
         for value in model.graph.initializers.values():
             value.const_value = None
-        return cls(graph, arrays, flags_nan)
+        return cls(graph, arrays, flags_nan, guards)
 
     def parts(self) -> list[Any]:
         """The cache payload, as buffers to write one after another (no joined copy)."""
@@ -88,7 +91,12 @@ class OnnxModel:
             arrays.append(array)
             offset = _aligned(offset + array.nbytes)
         header = json.dumps(
-            {"graph": len(self.graph), "initializers": entries, "flags_nan": self.flags_nan}
+            {
+                "graph": len(self.graph),
+                "initializers": entries,
+                "flags_nan": self.flags_nan,
+                "guards": list(self.guards),
+            }
         ).encode()
         parts: list[Any] = [_HEADER.pack(len(header)), header, self.graph]
         written = len(self.graph)
@@ -112,7 +120,7 @@ class OnnxModel:
             dtype = np.dtype(dtype)
             count = int(np.prod(shape, dtype=np.int64))
             arrays[name] = np.frombuffer(body, dtype=dtype, count=count, offset=at).reshape(shape)
-        return cls(graph, arrays, bool(header.get("flags_nan", False)))
+        return cls(graph, arrays, bool(header.get("flags_nan", False)), tuple(header.get("guards", ())))
 
     def session_options(self, options: Any) -> Any:
         """``options`` with this model's external initializers added (ORT copies them

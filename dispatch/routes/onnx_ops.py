@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..cache import ArtifactCache, current_cache, versions
+from ..inspect import META_VAL
 
 
 @contextlib.contextmanager
@@ -135,7 +136,25 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
     if target in _MAX_POOLS and any(u.target is operator.getitem and u.args[1] == 1 for u in node.users):
         # ORT's indices skip a NaN, and no ONNX op finds a window's first NaN (onnx_nan.py).
         return f"{target} with its indices read: ONNX Runtime's MaxPool passes over NaN, and its indices cannot be corrected"
+    if target in _ANTIALIASED and _symbolic_size(node.args[0]):
+        # Static, the first-call check settles it; one export for every size is checked at one.
+        return (
+            f"{target} with a dynamic size: ONNX Runtime's antialiased Resize differs from torch's "
+            "at sizes whose scale is inexact (0.5 off from 11x8 to 5x4, exact from 10x8)"
+        )
     return None
+
+
+_ANTIALIASED = frozenset(
+    getattr(torch.ops.aten, name).default
+    for name in ("_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa")
+    if hasattr(torch.ops.aten, name)
+)
+
+
+def _symbolic_size(value: object) -> bool:
+    val = value.meta.get(META_VAL) if isinstance(value, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in val.shape)
 
 
 def _draws_random_numbers(node: torch.fx.Node) -> bool:

@@ -24,6 +24,7 @@ import torch
 import torch.fx
 
 from ..cache import current_cache, region_key, tensors_digest
+from ..errors import InputSpecError
 from ..inspect import (
     GraphFacts,
     first_device,
@@ -43,6 +44,7 @@ from .base import (
     op_handles,
 )
 from .onnx_export import export_region, fed_positions
+from .onnx_guards import ShapeClasses, shape_check
 from .onnx_model import OnnxModel
 from .onnx_ops import export_opset, not_as_in_torch, translatable
 from .onnx_outputs import checked_against_torch, in_traced_layout, output_values, traced_form
@@ -148,6 +150,7 @@ class OnnxRoute(Route):
             "threads": threads,
             "fed": fed_positions(args, frozen),
             "bools": _bool_outputs(gm),
+            "guards": list(model.guards),
         }
         return PreprocessResult(b"".join(model.parts()), op_handles(gm), specs, frozen)
 
@@ -160,11 +163,31 @@ class OnnxRoute(Route):
         run = in_traced_layout(
             threaded_session(model, device, threads, fed, list(specs["bools"]), count), region.gm
         )
+        if specs.get("guards"):
+            run = _refusing_other_shapes(run, tuple(specs["guards"]))
         if region.example_inputs is not None:
             # Lowering: the first call is checked against torch, as under torch.compile.
             args = region.example_inputs
             run = checked_against_torch(run, region.gm, args, [i for i in range(len(args)) if i not in fed])
         return run
+
+
+def _refusing_other_shapes(run: CompiledFn, guards: tuple[str, ...]) -> CompiledFn:
+    """``run``, raising ``InputSpecError`` for a call whose shapes break the guards
+    its export holds under: a lowered region has no torch beside it to run them."""
+    holds = shape_check(guards)
+
+    def checked(*args: Any) -> Any:
+        if not holds(args):
+            raise InputSpecError(
+                "onnxrt: this region's ONNX model computes what torch does only for inputs where "
+                f"{' and '.join(guards)} (region arguments by position); this call's shapes break "
+                "that. Instead: lower the model with example inputs of these shapes, or run it "
+                'under torch.compile(backend="auto"), which exports once per such class of shapes'
+            )
+        return run(*args)
+
+    return checked
 
 
 def weights_frozen_by_user() -> bool:
@@ -176,10 +199,15 @@ def weights_frozen_by_user() -> bool:
 
 
 def _cached_export(
-    gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int], flag_nan: bool = False
+    gm: torch.fx.GraphModule,
+    args: Sequence[Any],
+    frozen: frozenset[int],
+    flag_nan: bool = False,
+    by_shape: bool = False,
 ) -> OnnxModel:
     """The region's ONNX model, from the persistent cache when an earlier process
-    exported the same region with the same baked weights."""
+    exported the same region with the same baked weights; ``by_shape``: one for
+    the shapes of ``args`` (``onnx_guards.py``), kept apart from the others."""
     cache = current_cache()
     if cache is None:
         return export_region(gm, args, frozen, flag_nan=flag_nan)
@@ -188,6 +216,7 @@ def _cached_export(
         "onnxrt",
         _ENTRY_FORMAT,
         _NAN_FLAGGED if flag_nan else _NAN_IN_MODEL,
+        [list(args[i].shape) for i in fed_positions(args, frozen)] if by_shape else None,
         export_opset(),
         sorted(frozen),
         tensors_digest(args[i] for i in sorted(frozen)),
@@ -201,12 +230,30 @@ def _cached_export(
 
 
 def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> CompiledFn:
-    """The region's session. On CPU its ops that pass over NaN are flagged, not
-    corrected in the model (``onnx_nan.py``): every call brings the region's
-    inputs, weights included, so torch can run the one whose flag is up. On CUDA
-    reading the flag would wait for the device on every call."""
+    """The region's session; where its export holds only for some shapes, one
+    session per class of shapes (``onnx_guards.py``)."""
+    run, guards = _model_runner(gm, args, frozen)
+    if not guards:
+        return run
+    weights = sorted(frozen)
+
+    def for_shapes(call: Sequence[Any]) -> tuple[CompiledFn, tuple[str, ...]]:
+        again, held = _model_runner(gm, call, frozen, by_shape=True)
+        return checked_against_torch(again, gm, call, weights), held
+
+    return ShapeClasses(run, guards, for_shapes, functools.partial(_run_by_torch, gm))
+
+
+def _model_runner(
+    gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int], by_shape: bool = False
+) -> tuple[CompiledFn, tuple[str, ...]]:
+    """A session of the region exported from ``args``, and the guards it holds under.
+    On CPU its ops that pass over NaN are flagged, not corrected in the model
+    (``onnx_nan.py``): every call brings the region's inputs, weights included,
+    so torch can run the one whose flag is up. On CUDA reading the flag would
+    wait for the device on every call."""
     device = first_device(args)
-    model = _cached_export(gm, args, frozen, flag_nan=device.type == "cpu")
+    model = _cached_export(gm, args, frozen, flag_nan=device.type == "cpu", by_shape=by_shape)
     count = len(output_values(gm))
     flagged = model.flags_nan
     run = threaded_session(
@@ -218,8 +265,8 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
         count + flagged,
     )
     if flagged:
-        return TorchWhereNaN(run, gm)
-    return in_traced_layout(run, gm)
+        return TorchWhereNaN(run, gm), model.guards
+    return in_traced_layout(run, gm), model.guards
 
 
 def threaded_session(
@@ -305,9 +352,14 @@ class TorchWhereNaN:
                     "onnxrt region: a NaN reached a max, max pooling, argmax or sign, where ONNX "
                     "Runtime passes over it; torch runs each such call of this region"
                 )
-            result = self.gm(*args)
-            return tuple(result) if isinstance(result, (list, tuple)) else (result,)
+            return _run_by_torch(self.gm, *args)
         return self.form(outputs) if self.form is not None else tuple(outputs)
+
+
+def _run_by_torch(gm: torch.fx.GraphModule, *args: Any) -> tuple[Any, ...]:
+    """The region's outputs as torch computes them, in the form a session's runner returns."""
+    result = gm(*args)
+    return tuple(result) if isinstance(result, (list, tuple)) else (result,)
 
 
 def _bool_outputs(gm: torch.fx.GraphModule) -> list[int]:

@@ -1,0 +1,113 @@
+"""The shapes an ONNX model exported with dynamic axes holds for.
+
+A region is exported once for every shape, its symbolic dimensions as dynamic
+axes. Where torch has no ONNX translation of an op, the exporter runs the op's
+torch decomposition first, and some decompositions branch on the input's size:
+``adaptive_avg_pool2d`` to 3x3 picks its windows by whether the height is a
+multiple of 3. torch.export records the branch taken as a guard
+(``H % 3 != 0``) and ONNX Runtime never checks it: exported at 7x9 the model
+gave wrong numbers at 13x17, 5x5 and 11x8 (up to 1.3 off), and the first-call
+check, run at 7x9, passed. So each model carries its guards, and a call whose
+shapes break them runs on a model exported for its own shapes
+(``ShapeClasses``), up to ``MAX_SHAPE_CLASSES`` of them, then on torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .base import CompiledFn
+
+log = logging.getLogger("dispatch")
+
+MAX_SHAPE_CLASSES = 8
+_INPUT = re.compile(r"L\['([^']+)'\]")
+
+# Builds a runner, and the guards it holds under, from a call's arguments.
+Build = Callable[[Sequence[Any]], tuple[CompiledFn, tuple[str, ...]]]
+
+
+def shape_guards(program: Any, positions: Mapping[str, int]) -> tuple[str, ...]:
+    """The guards of the ``torch.onnx`` program ``program`` on its inputs' sizes,
+    as Python over ``args`` (the region's arguments; ``positions``: each exported
+    input's name -> its position there)."""
+    exported = getattr(program, "exported_program", None)
+    guards = []
+    for guard in getattr(exported, "_guards_code", None) or ():
+
+        def position(match: re.Match[str], guard: str = guard) -> str:
+            name = match.group(1)
+            if name not in positions:
+                raise RuntimeError(
+                    f"onnxrt: the exported model holds only where {guard}, which reads "
+                    f"{name!r}, no input of the region"
+                )
+            return f"args[{positions[name]}]"
+
+        guards.append(_INPUT.sub(position, guard))
+    return tuple(guards)
+
+
+def shape_check(guards: Sequence[str]) -> Callable[[Sequence[Any]], bool]:
+    """Whether a call's ``args`` meet every guard, as torch.export's own check of an
+    exported program's guards evaluates them (``torch.export._unlift``)."""
+    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+
+    namespace = {**SYMPY_INTERP, "math": math, "inf": float("inf")}
+    body = " and ".join(f"({g})" for g in guards) or "True"
+    check: Callable[[Sequence[Any]], bool] = eval(f"lambda args: bool({body})", namespace)
+    return check
+
+
+class ShapeClasses:
+    """A region's runner for shapes that its exported models' guards divide into
+    classes: each call runs on the model whose guards it meets, and a call that
+    meets none gets a model exported for its own shapes (``build``), up to
+    ``MAX_SHAPE_CLASSES``; beyond, torch runs such calls (``fallback``)."""
+
+    def __init__(
+        self,
+        first: CompiledFn,
+        guards: tuple[str, ...],
+        build: Build,
+        fallback: CompiledFn,
+    ) -> None:
+        self.classes: list[tuple[Callable[[Sequence[Any]], bool], CompiledFn]] = [
+            (shape_check(guards), first)
+        ]
+        self.build = build
+        self.fallback = fallback
+        self.said = False
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        for holds, run in self.classes:
+            if holds(args):
+                return run(*args)
+        with self._lock:
+            for holds, run in self.classes:
+                if holds(args):
+                    return run(*args)
+            if len(self.classes) >= MAX_SHAPE_CLASSES:
+                if not self.said:
+                    self.said = True
+                    log.info(
+                        "onnxrt region: %d shape classes exported; torch runs calls of other shapes",
+                        len(self.classes),
+                    )
+                return self.fallback(*args)
+            run, guards = self.build(args)
+            check = shape_check(guards)
+            if not check(args):
+                # A model exported from these very arguments that refuses them
+                # cannot be trusted for any: torch runs what no class holds.
+                self.classes.append((lambda _: False, run))
+                return self.fallback(*args)
+            self.classes.append((check, run))
+            log.info("onnxrt region: exported again for inputs where %s", " and ".join(guards))
+        return run(*args)

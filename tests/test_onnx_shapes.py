@@ -1,0 +1,86 @@
+"""A region exported once for every shape computes torch's result at every shape.
+
+The first-call check runs at one shape. An op whose ONNX translation depends on
+the size (a decomposition that branches on ``H % 3``, an antialiased Resize)
+came back wrong at other sizes with nothing to see it."""
+
+import warnings
+
+import pytest
+import torch
+
+import dispatch
+from dispatch.errors import InputSpecError
+from dispatch.stitch import FallbackWarning
+
+pytest.importorskip("onnxruntime")
+
+F = torch.nn.functional
+# Batch 1 and 2 compile separately (Dynamo specialises a size of 1); each
+# graph then meets heights and widths that fall in other classes modulo 3.
+SHAPES = [(1, 3, 7, 9), (2, 3, 10, 6), (1, 3, 13, 17), (1, 3, 5, 5), (2, 3, 11, 8), (1, 3, 9, 9)]
+
+
+def _adaptive_avg(x):
+    return F.adaptive_avg_pool2d(x, 3) + 1
+
+
+def _adaptive_avg_2x4(x):
+    return F.adaptive_avg_pool2d(x, (2, 4)) * 2
+
+
+@pytest.mark.parametrize("fn", [_adaptive_avg, _adaptive_avg_2x4])
+@torch.no_grad()
+def test_a_size_dependent_export_is_right_at_every_size(fn):
+    """Exported at 7x9, adaptive 3x3 pooling was 1.3 off at 5x5: the decomposition
+    picked its windows for 7 % 3 == 1, and ONNX Runtime checks no guard."""
+    assert {r.route for r in dispatch.explain(fn, torch.randn(SHAPES[0])).regions} == {"onnxrt"}
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="auto", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        for shape in SHAPES:
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), fn(x))
+
+
+@torch.no_grad()
+def test_each_class_of_shapes_is_exported_once(onnx_exports):
+    torch._dynamo.reset()
+    compiled = torch.compile(_adaptive_avg, backend="auto", dynamic=True)
+    for _ in range(2):
+        for shape in [(2, 3, 7, 9), (2, 3, 8, 9), (2, 3, 13, 9)]:  # 7 and 13 are both 1 modulo 3
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), _adaptive_avg(x))
+    assert onnx_exports[0] == 2
+
+
+@torch.no_grad()
+def test_antialiased_resize_of_a_dynamic_size_stays_off_onnx_runtime():
+    """ORT's antialiased Resize differs from torch's where the scale is inexact
+    (0.5 off from 11x8 down to 5x4); static, the first-call check catches it."""
+
+    def down(x):
+        return F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True) + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(down, backend="auto", dynamic=True)
+    for shape in [(2, 3, 10, 6), (2, 3, 11, 8)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), down(x))
+
+
+def test_a_lowered_region_refuses_shapes_its_model_does_not_hold_for():
+    """A lowered program has no torch beside its regions to run them."""
+
+    class Pool(torch.nn.Module):
+        def forward(self, x):
+            return _adaptive_avg(x)
+
+    h, w = torch.export.Dim("h", min=4, max=64), torch.export.Dim("w", min=4, max=64)
+    program = dispatch.lower(Pool(), (torch.randn(2, 3, 7, 9),), dynamic_shapes=({2: h, 3: w},))
+    assert [r.route for r in program.regions] == ["onnxrt"]
+    x = torch.randn(2, 3, 13, 18)  # 13 % 3 == 1 and 18 % 3 == 0, as 7 and 9
+    torch.testing.assert_close(program(x), _adaptive_avg(x))
+    with pytest.raises(InputSpecError, match="lower the model with example inputs of these shapes"):
+        program(torch.randn(2, 3, 5, 9))
