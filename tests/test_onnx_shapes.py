@@ -84,3 +84,14 @@ def test_a_lowered_region_refuses_shapes_its_model_does_not_hold_for():
     torch.testing.assert_close(program(x), _adaptive_avg(x))
     with pytest.raises(InputSpecError, match="lower the model with example inputs of these shapes"):
         program(torch.randn(2, 3, 5, 9))
+
+
+def test_a_guard_that_is_not_shape_arithmetic_is_refused():
+    """Guards come back from the cache and from saved programs, where nothing may run code."""
+    from dispatch.routes.onnx_guards import shape_check
+
+    holds = shape_check(["(args[0].size()[2] % 3) != 0", "2 <= args[0].size()[3]"])
+    assert holds([torch.zeros(1, 1, 7, 9)]) and not holds([torch.zeros(1, 1, 9, 9)])
+    for planted in ("__import__('os').system('true')", "args[0].numpy()", "(lambda: 1)()", "'a' < 'b'"):
+        with pytest.raises(ValueError, match="a shape guard"):
+            shape_check([planted])

@@ -14,6 +14,7 @@ shapes break them runs on a model exported for its own shapes
 
 from __future__ import annotations
 
+import ast
 import logging
 import math
 import re
@@ -54,14 +55,47 @@ def shape_guards(program: Any, positions: Mapping[str, int]) -> tuple[str, ...]:
 
 
 def shape_check(guards: Sequence[str]) -> Callable[[Sequence[Any]], bool]:
-    """Whether a call's ``args`` meet every guard, as torch.export's own check of an
-    exported program's guards evaluates them (``torch.export._unlift``)."""
+    """Whether a call's ``args`` meet every guard, evaluated as torch.export evaluates
+    an exported program's guards (``torch.export._unlift``). The guards come from
+    the cache and from saved programs, where nothing may run code: each must be
+    arithmetic and comparisons over the sizes and strides of ``args``; another
+    raises ``ValueError``."""
     from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 
-    namespace = {**SYMPY_INTERP, "math": math, "inf": float("inf")}
-    body = " and ".join(f"({g})" for g in guards) or "True"
-    check: Callable[[Sequence[Any]], bool] = eval(f"lambda args: bool({body})", namespace)
+    namespace: dict[str, Any] = {**SYMPY_INTERP, "math": math, "inf": float("inf"), "__builtins__": {}}
+    tree = ast.parse(" and ".join(f"({g})" for g in guards) or "True", mode="eval")
+    for node in ast.walk(tree):
+        _allowed(node, namespace)
+    code = compile(tree, "<onnxrt shape guards>", "eval")
+
+    def check(args: Sequence[Any]) -> bool:
+        return bool(eval(code, namespace, {"args": args}))
+
     return check
+
+
+_NODES = (
+    ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Constant,
+    ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub, ast.UAdd, ast.Not,
+    ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Load, ast.Subscript, ast.Call, ast.Name,
+    ast.Attribute,
+)  # fmt: skip
+_TENSOR_READS = frozenset({"size", "stride", "storage_offset"})
+_MATH = frozenset({"floor", "ceil", "trunc", "sqrt", "log2", "inf"})
+
+
+def _allowed(node: ast.AST, namespace: Mapping[str, Any]) -> None:
+    if not isinstance(node, _NODES):
+        raise ValueError(f"a shape guard holds {type(node).__name__}, which no guard torch writes holds")
+    if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float, bool)):
+        raise ValueError(f"a shape guard holds the constant {node.value!r}")
+    if isinstance(node, ast.Name) and node.id != "args" and node.id not in namespace:
+        raise ValueError(f"a shape guard names {node.id!r}")
+    if isinstance(node, ast.Attribute) and not (
+        (node.attr in _TENSOR_READS and isinstance(node.value, ast.Subscript))
+        or (node.attr in _MATH and isinstance(node.value, ast.Name) and node.value.id == "math")
+    ):
+        raise ValueError(f"a shape guard reads the attribute {node.attr!r}")
 
 
 class ShapeClasses:
