@@ -19,6 +19,7 @@ import logging
 import math
 import re
 import threading
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -60,9 +61,21 @@ def shape_check(guards: Sequence[str]) -> Callable[[Sequence[Any]], bool]:
     the cache and from saved programs, where nothing may run code: each must be
     arithmetic and comparisons over the sizes and strides of ``args``; another
     raises ``ValueError``."""
+    import torch
     from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 
-    namespace: dict[str, Any] = {**SYMPY_INTERP, "math": math, "inf": float("inf"), "__builtins__": {}}
+    # Only torch's size functions: a guard reads no other part of torch.
+    sizes = types.SimpleNamespace(
+        **{n: getattr(torch, n) for n in _TORCH_SIZE_FUNCTIONS if hasattr(torch, n)}
+    )
+    namespace: dict[str, Any] = {
+        **SYMPY_INTERP,
+        **_BUILTINS,
+        "math": math,
+        "torch": sizes,
+        "inf": float("inf"),
+        "__builtins__": {},
+    }
     tree = ast.parse(" and ".join(f"({g})" for g in guards) or "True", mode="eval")
     for node in ast.walk(tree):
         _allowed(node, namespace)
@@ -80,7 +93,12 @@ _NODES = (
     ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Load, ast.Subscript, ast.Call, ast.Name,
     ast.Attribute,
 )  # fmt: skip
+# The builtins that torch's guard printer writes (``max(1, ...)``).
+_BUILTINS = {f.__name__: f for f in (max, min, abs, int, float, round, bool)}
 _TENSOR_READS = frozenset({"size", "stride", "storage_offset"})
+_TORCH_SIZE_FUNCTIONS = frozenset(
+    {"sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_sqrt", "sym_ite"}
+)
 _MATH = frozenset({"floor", "ceil", "trunc", "sqrt", "log2", "inf"})
 
 
@@ -94,6 +112,11 @@ def _allowed(node: ast.AST, namespace: Mapping[str, Any]) -> None:
     if isinstance(node, ast.Attribute) and not (
         (node.attr in _TENSOR_READS and isinstance(node.value, ast.Subscript))
         or (node.attr in _MATH and isinstance(node.value, ast.Name) and node.value.id == "math")
+        or (
+            node.attr in _TORCH_SIZE_FUNCTIONS
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "torch"
+        )
     ):
         raise ValueError(f"a shape guard reads the attribute {node.attr!r}")
 
