@@ -139,6 +139,7 @@ class ShapeClasses:
         ]
         self.build = build
         self.fallback = fallback
+        self.exhausted = False
         self.said = False
         self._lock = threading.Lock()
 
@@ -150,21 +151,24 @@ class ShapeClasses:
             for holds, run in self.classes:
                 if holds(args):
                     return run(*args)
-            if len(self.classes) >= MAX_SHAPE_CLASSES:
-                if not self.said:
-                    self.said = True
-                    log.info(
-                        "onnxrt region: %d shape classes exported; torch runs calls of other shapes",
-                        len(self.classes),
-                    )
-                return self.fallback(*args)
+            if self.exhausted or len(self.classes) >= MAX_SHAPE_CLASSES:
+                return self._by_torch(args)
             run, guards = self.build(args)
             check = shape_check(guards)
             if not check(args):
-                # A model exported from these very arguments that refuses them
-                # cannot be trusted for any: torch runs what no class holds.
-                self.classes.append((lambda _: False, run))
-                return self.fallback(*args)
+                # Exported from these very arguments and refusing them: no
+                # further export can be trusted to hold for the shapes it names.
+                self.exhausted = True
+                return self._by_torch(args)
             self.classes.append((check, run))
             log.info("onnxrt region: exported again for inputs where %s", " and ".join(guards))
         return run(*args)
+
+    def _by_torch(self, args: Sequence[Any]) -> Any:
+        if not self.said:
+            self.said = True
+            log.info(
+                "onnxrt region: %d classes of shapes exported; torch runs calls of other shapes",
+                len(self.classes),
+            )
+        return self.fallback(*args)

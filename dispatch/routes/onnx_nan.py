@@ -4,7 +4,10 @@ ONNX Runtime's CPU kernels for MaxPool, ReduceMax/ReduceMin and ArgMax/ArgMin
 pass over a NaN that shares a window or a row with a number (onnxruntime issue
 10514: which one wins depends on its position), where torch returns NaN and,
 for the arg ops, the NaN's index (torch orders NaN above every number).
-``Sign(NaN)`` is NaN where torch's ``sign(nan)`` is 0. A model whose input or
+``Sign(NaN)`` is NaN where torch's ``sign(nan)`` is 0, and ORT pads a max
+pooling with the lowest finite float, so a border window whose own elements are
+all -inf came out as -3.4e38 (for a padded pooling, an input summing to -inf is
+checked too). A model whose input or
 activations held a NaN came back finite, and a caller's ``isnan`` check saw
 nothing. The first-call check cannot see this: a first call rarely holds a NaN.
 
@@ -205,7 +208,7 @@ def _corrected(node: Any, y: Any) -> list[Any]:
         seen = ir.node("Greater", [twin.outputs[0], zero.outputs[0]])
         return [*made, axes, twin, first, seen, ir.node("Where", [seen.outputs[0], first.outputs[0], y])]
     if _pads(node):
-        made += _lowest_where_torch_s_is(node, y, dtype)
+        made += _minus_infinity_where_torch_gives_it(node, y, dtype)
         y = made[-1].outputs[0]
     twin = ir.node(
         _DETECTORS[node.op_type], [mask.outputs[0], *node.inputs[1:]], dict(node.attributes), num_outputs=1
@@ -215,7 +218,7 @@ def _corrected(node: Any, y: Any) -> list[Any]:
     return [*made, twin, seen, nan, ir.node("Where", [seen.outputs[0], nan.outputs[0], y])]
 
 
-def _lowest_where_torch_s_is(node: Any, y: Any, dtype: Any) -> list[Any]:
+def _minus_infinity_where_torch_gives_it(node: Any, y: Any, dtype: Any) -> list[Any]:
     """Nodes making -inf of the padded max pooling ``node``'s output ``y`` in each
     window whose own elements are all -inf: its twin over ``x != -inf`` is 0 there."""
     import numpy as np
