@@ -198,20 +198,20 @@ def test_under_torch_compile_the_pooling_runs_as_exported_and_is_flagged():
 @torch.no_grad()
 def test_a_nan_call_is_run_by_torch_and_the_next_one_by_onnx_runtime(monkeypatch):
     """The flag sends one call to torch; the region stays on its route."""
-    import dispatch.routes.onnxrt as onnxrt_route
+    from dispatch.routes import onnx_on_torch
 
     fn, shape = PATTERNS["max_pool2d_padded"]
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="auto", dynamic=False)
     compiled(torch.randn(shape))
     runners = []
-    real = onnxrt_route.TorchWhereNaN.__call__
+    real = onnx_on_torch.TorchWhereNaN.__call__
 
     def spying(self, *args):
         runners.append(self)
         return real(self, *args)
 
-    monkeypatch.setattr(onnxrt_route.TorchWhereNaN, "__call__", spying)
+    monkeypatch.setattr(onnx_on_torch.TorchWhereNaN, "__call__", spying)
     calls = []
     x = _with(shape, 7, NAN)
     compiled(x.clone())

@@ -24,7 +24,6 @@ import torch
 import torch.fx
 
 from ..cache import current_cache, region_key, tensors_digest
-from ..errors import InputSpecError
 from ..inspect import (
     GraphFacts,
     first_device,
@@ -44,10 +43,11 @@ from .base import (
     op_handles,
 )
 from .onnx_export import export_region, fed_positions
-from .onnx_guards import ShapeClasses, shape_check
+from .onnx_guards import ShapeClasses
 from .onnx_model import OnnxModel
+from .onnx_on_torch import TorchWhereNaN, refusing_other_shapes, run_by_torch
 from .onnx_ops import export_opset, not_as_in_torch, translatable
-from .onnx_outputs import checked_against_torch, in_traced_layout, output_values, traced_form
+from .onnx_outputs import checked_against_torch, in_traced_layout, output_values
 from .onnx_threads import ONE, POOL, TRIAL, ThreadCountTrial, thread_plan
 from .registry import registry
 
@@ -164,30 +164,12 @@ class OnnxRoute(Route):
             threaded_session(model, device, threads, fed, list(specs["bools"]), count), region.gm
         )
         if specs.get("guards"):
-            run = _refusing_other_shapes(run, tuple(specs["guards"]))
+            run = refusing_other_shapes(run, tuple(specs["guards"]))
         if region.example_inputs is not None:
             # Lowering: the first call is checked against torch, as under torch.compile.
             args = region.example_inputs
             run = checked_against_torch(run, region.gm, args, [i for i in range(len(args)) if i not in fed])
         return run
-
-
-def _refusing_other_shapes(run: CompiledFn, guards: tuple[str, ...]) -> CompiledFn:
-    """``run``, raising ``InputSpecError`` for a call whose shapes break the guards
-    its export holds under: a lowered region has no torch beside it to run them."""
-    holds = shape_check(guards)
-
-    def checked(*args: Any) -> Any:
-        if not holds(args):
-            raise InputSpecError(
-                "onnxrt: this region's ONNX model computes what torch does only for inputs where "
-                f"{' and '.join(guards)} (region arguments by position); this call's shapes break "
-                "that. Instead: lower the model with example inputs of these shapes, or run it "
-                'under torch.compile(backend="auto"), which exports once per such class of shapes'
-            )
-        return run(*args)
-
-    return checked
 
 
 def weights_frozen_by_user() -> bool:
@@ -241,7 +223,7 @@ def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: froze
         again, held = _model_runner(gm, call, frozen, by_shape=True)
         return checked_against_torch(again, gm, call, weights), held
 
-    return ShapeClasses(run, guards, for_shapes, functools.partial(_run_by_torch, gm))
+    return ShapeClasses(run, guards, for_shapes, functools.partial(run_by_torch, gm))
 
 
 def _model_runner(
@@ -329,37 +311,6 @@ def bound_session(
             f"onnxrt: exported model has {len(outputs)} outputs, the region has {output_count}"
         )
     return _BoundRunner(session, feed_names, positions, outputs, device, bools)
-
-
-class TorchWhereNaN:
-    """A flagged session's runner (``onnx_nan.flag_nan_inputs``): ORT's outputs, or
-    where a NaN reached an op that ORT passes over, torch's, from the region run
-    by torch on the same call. Computing torch's answer inside the model instead
-    made hf_resnet's ORT run 28% slower."""
-
-    def __init__(self, run: CompiledFn, gm: torch.fx.GraphModule) -> None:
-        self.run = run
-        self.gm = gm
-        self.form = traced_form(gm)
-        self.said = False
-
-    def __call__(self, *args: Any) -> tuple[Any, ...]:
-        *outputs, nan_seen = self.run(*args)
-        if nan_seen.item():
-            if not self.said:
-                self.said = True
-                log.info(
-                    "onnxrt region: a NaN reached a max, max pooling, argmax or sign, where ONNX "
-                    "Runtime passes over it; torch runs each such call of this region"
-                )
-            return _run_by_torch(self.gm, *args)
-        return self.form(outputs) if self.form is not None else tuple(outputs)
-
-
-def _run_by_torch(gm: torch.fx.GraphModule, *args: Any) -> tuple[Any, ...]:
-    """The region's outputs as torch computes them, in the form a session's runner returns."""
-    result = gm(*args)
-    return tuple(result) if isinstance(result, (list, tuple)) else (result,)
 
 
 def _bool_outputs(gm: torch.fx.GraphModule) -> list[int]:
