@@ -104,25 +104,24 @@ def test_a_nan_pixel_reaches_its_own_image_outputs_only_as_in_eager(dynamic):
         _assert_as_eager(g, e)
 
 
-@torch.no_grad()
-def test_float16_max_pooling_keeps_a_nan():
-    fn = PATTERNS["max_pool2d"][0]
+def _float16_as_eager(fn, shape, calls):
+    """``fn`` compiled, its first call of ordinary float16 numbers, then each of ``calls``."""
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="auto")
     with warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
-        compiled(torch.randn(2, 3, 4, 4, dtype=torch.float16))
-        for position in range(16):
-            x = _with((2, 3, 4, 4), position, NAN, torch.float16)
+        compiled(torch.randn(shape, dtype=torch.float16))
+        for x in calls:
             _assert_as_eager(compiled(x.clone()), fn(x.clone()))
-    padded = PATTERNS["max_pool2d_padded"][0]
-    torch._dynamo.reset()
-    compiled = torch.compile(padded, backend="auto")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FallbackWarning)
-        compiled(torch.randn(2, 3, 6, 6, dtype=torch.float16))
-        lowest = torch.full((2, 3, 6, 6), -INF, dtype=torch.float16)
-        _assert_as_eager(compiled(lowest.clone()), padded(lowest.clone()))
+
+
+@torch.no_grad()
+def test_float16_max_pooling_keeps_a_nan():
+    shape = (2, 3, 4, 4)
+    nans = [_with(shape, position, NAN, torch.float16) for position in range(16)]
+    _float16_as_eager(PATTERNS["max_pool2d"][0], shape, nans)
+    lowest = torch.full((2, 3, 6, 6), -INF, dtype=torch.float16)
+    _float16_as_eager(PATTERNS["max_pool2d_padded"][0], lowest.shape, [lowest])
 
 
 @torch.no_grad()

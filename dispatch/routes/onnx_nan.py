@@ -208,7 +208,7 @@ def _corrected(node: Any, y: Any) -> list[Any]:
         seen = ir.node("Greater", [twin.outputs[0], zero.outputs[0]])
         return [*made, axes, twin, first, seen, ir.node("Where", [seen.outputs[0], first.outputs[0], y])]
     if _pads(node):
-        made += _minus_infinity_where_torch_gives_it(node, y, dtype)
+        made += _minus_infinity_where_torch_gives_it(node, y, zero.outputs[0], dtype)
         y = made[-1].outputs[0]
     twin = ir.node(
         _DETECTORS[node.op_type], [mask.outputs[0], *node.inputs[1:]], dict(node.attributes), num_outputs=1
@@ -218,22 +218,22 @@ def _corrected(node: Any, y: Any) -> list[Any]:
     return [*made, twin, seen, nan, ir.node("Where", [seen.outputs[0], nan.outputs[0], y])]
 
 
-def _minus_infinity_where_torch_gives_it(node: Any, y: Any, dtype: Any) -> list[Any]:
+def _minus_infinity_where_torch_gives_it(node: Any, y: Any, zero: Any, dtype: Any) -> list[Any]:
     """Nodes making -inf of the padded max pooling ``node``'s output ``y`` in each
-    window whose own elements are all -inf: its twin over ``x != -inf`` is 0 there."""
+    window whose own elements are all -inf: its twin over ``x != -inf`` is 0
+    (``zero``, a constant of ``dtype``) there."""
     import numpy as np
     import onnx_ir as ir
 
     x = node.inputs[0]
     low = ir.node("Constant", [], {"value": ir.tensor(np.array(-np.inf, dtype=dtype))})
-    zero = ir.node("Constant", [], {"value": ir.tensor(np.array(0, dtype=dtype))})
     wide = ir.node("Cast", [x], {"to": ir.DataType.FLOAT})
     lowest = ir.node("IsInf", [wide.outputs[0]], {"detect_positive": 0})
     other = ir.node("Not", [lowest.outputs[0]])
     real = ir.node("Cast", [other.outputs[0]], {"to": x.dtype})
     twin = ir.node("MaxPool", [real.outputs[0]], dict(node.attributes), num_outputs=1)
-    seen = ir.node("Greater", [twin.outputs[0], zero.outputs[0]])
-    made = [low, zero, wide, lowest, other, real, twin, seen]
+    seen = ir.node("Greater", [twin.outputs[0], zero])
+    made = [low, wide, lowest, other, real, twin, seen]
     return [*made, ir.node("Where", [seen.outputs[0], y, low.outputs[0]])]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..cache import ArtifactCache, current_cache, versions
-from ..inspect import META_VAL
+from ..inspect import is_symbolic
 
 
 @contextlib.contextmanager
@@ -136,7 +136,8 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
     if target in _MAX_POOLS and any(u.target is operator.getitem and u.args[1] == 1 for u in node.users):
         # ORT's indices skip a NaN, and no ONNX op finds a window's first NaN (onnx_nan.py).
         return f"{target} with its indices read: ONNX Runtime's MaxPool passes over NaN, and its indices cannot be corrected"
-    if target in _ANTIALIASED and _symbolic_size(node.args[0]):
+    source = node.args[0]
+    if target in _ANTIALIASED and isinstance(source, torch.fx.Node) and is_symbolic(source):
         # Static, the first-call check settles it; one export for every size is checked at one.
         return (
             f"{target} with a dynamic size: ONNX Runtime's antialiased Resize differs from torch's "
@@ -150,11 +151,6 @@ _ANTIALIASED = frozenset(
     for name in ("_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa")
     if hasattr(torch.ops.aten, name)
 )
-
-
-def _symbolic_size(value: object) -> bool:
-    val = value.meta.get(META_VAL) if isinstance(value, torch.fx.Node) else None
-    return isinstance(val, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in val.shape)
 
 
 def _draws_random_numbers(node: torch.fx.Node) -> bool:
