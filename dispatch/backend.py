@@ -30,7 +30,7 @@ from .aten_cache import GraphSource, aten_graph_key, load_aten_graph, read_back,
 from .cache import ArtifactCache, current_cache, inductor_cache, using
 from .config import Config
 from .decompositions import onnx_friendly
-from .errors import ConfigError, DispatchError
+from .errors import ConfigError, DispatchError, error_line
 from .graph_tuning import WholeGraphCheck
 from .inductor_baseline import compile_as_inductor, inductor_lead
 from .inspect import (
@@ -115,11 +115,36 @@ def plan(
     if device is not None:
         model, example_inputs = on_device(model, example_inputs, device)
     check_devices(model, example_inputs)
-    gm = model if isinstance(model, torch.fx.GraphModule) else torch.fx.symbolic_trace(model)
+    gm = model if isinstance(model, torch.fx.GraphModule) else _traced(model, example_inputs)
     compiler = _GraphCompiler(config, 0, plan_only=True)
     with using(ArtifactCache(config.cache_dir)):
         compiler.aot(_returning_tuple(gm), example_inputs)
     return Plan(compiler.plans)
+
+
+def _traced(model: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
+    """``model`` as one FX graph: ``symbolic_trace``, or where that cannot follow its
+    code (transformers' models assign into their keyword arguments, branch on
+    sizes), ``torch.export`` of it on ``example_inputs``."""
+    try:
+        return torch.fx.symbolic_trace(model)
+    except Exception as traced:
+        try:
+            gm = torch.export.export(model, tuple(example_inputs), strict=False).module()
+        except Exception as exported:
+            devices = sorted({str(t.device) for t in example_inputs if isinstance(t, torch.Tensor)})
+            raise DispatchError(
+                f"dispatch.plan cannot make one graph of {type(model).__name__} on {', '.join(devices)}: "
+                f"torch.fx.symbolic_trace failed ({error_line(traced)}) and so did torch.export "
+                f"({error_line(exported)}). Instead: run dispatch.explain(model, *inputs) where that device is: "
+                "it compiles and runs the model and reports the plan of each graph "
+                "Dynamo makes of it, graph breaks included"
+            ) from exported
+    # Flat inputs and a flat tuple of outputs, as a Dynamo graph has: the exported
+    # module's code would rebuild the model's output objects (a ModelOutput).
+    gm.graph._codegen = torch.fx.graph.CodeGen()
+    gm.recompile()
+    return gm
 
 
 def _returning_tuple(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -291,6 +291,46 @@ def test_plan_for_a_device_this_machine_lacks():
     assert [(r.route, r.inner_route) for r in cuda.regions] == [("cudagraphs", "inductor")]
 
 
+class SizeBranch(torch.nn.Module):
+    """Branches on its input's size and returns a dict, as transformers' models do:
+    ``torch.fx.symbolic_trace`` cannot follow the branch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        if x.shape[0] > 1:
+            x = x * 2
+        return {"out": self.linear(x).relu()}
+
+
+class ValueBranch(torch.nn.Module):
+    def forward(self, x):
+        return x.sin() if x.sum() > 0 else x.cos()
+
+
+def test_plan_of_a_module_symbolic_trace_cannot_follow_exports_it():
+    x = torch.randn(4, 16)
+    with pytest.raises(torch.fx.proxy.TraceError):
+        torch.fx.symbolic_trace(SizeBranch())
+    with torch.no_grad():
+        plan = dispatch.plan(SizeBranch(), [x])
+        cuda = dispatch.plan(SizeBranch(), [x], device="cuda")
+    assert [r.route for r in plan.regions] == ["onnxrt"]
+    assert {"aten.mul.Tensor", "aten.relu.default"} <= set(plan.regions[0].ops)
+    assert [(r.route, r.inner_route) for r in cuda.regions] == [("cudagraphs", "inductor")]
+
+
+def test_plan_of_a_module_nothing_can_trace_says_what_to_run_instead():
+    with pytest.raises(
+        dispatch.DispatchError, match=r"symbolic_trace failed .* and so did torch.export"
+    ) as error:
+        dispatch.plan(ValueBranch(), [torch.randn(4)])
+    assert "dispatch.explain(model, *inputs)" in str(error.value)
+    assert "ValueBranch on cpu" in str(error.value)
+
+
 def test_model_and_inputs_on_different_devices_say_what_to_move():
     mode = FakeTensorMode()
     (x,) = fake_inputs(mode, "mps", (4, 16))
