@@ -16,10 +16,10 @@ was a static input there (0 of 268 on ResNet-50 against 267 under plain
 inductor), the cudagraphs route captured region by region, and CPU training ran
 1.12-1.44x slower than plain inductor in the zoo.
 
-AOTAutograd's own cache is off for these compiles: an entry holds inductor's
-output only, and a hit would skip the planner (no plan for ``explain``, a
-forced route ignored). Inductor's FX graph cache, inside ``compile_fx_inner``,
-still serves warm starts.
+AOTAutograd's own cache serves warm starts of these compiles, keyed by
+``auto``'s settings, with each graph's plan stored beside it
+(``served_plans.py``); it stays off under a kernel trial, whose stored decision
+is read in the inner compile.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from .record import GraphRecord, recorder
 from .region import GraphPlan, Region
 from .routes import registry
 from .routes.cudagraphs import copied_out
+from .served_plans import ServedPlans, fingerprint_pass, graph_key, publish, settings_fingerprint
 from .stitch import COMPILE_LOCK, FallbackWarning
 
 if TYPE_CHECKING:
@@ -121,12 +122,39 @@ def compile_as_inductor(
     compiler: _GraphCompiler, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], lead: InductorLead
 ) -> Callable[..., Any]:
     """``gm`` through ``compile_fx``, each aten graph planned by ``compiler``'s config."""
+    if not lead.trial:
+        return _compile_fx_served(compiler, gm, example_inputs, lead)
     inner = PlanningInnerCompile(compiler, lead.capture, lead.trial)
-    original = copy.deepcopy(gm) if lead.trial else gm  # compile_fx takes ownership of its graph
+    original = copy.deepcopy(gm)  # compile_fx takes ownership of its graph
     compiled = _compile_fx(gm, example_inputs, inner, lead)
     if len(inner.records) != 1 or inner.records[0] is None:
         return compiled  # no trial, or the graph was split: its regions are measured as such
     return _with_kernel_trial(compiler.config, original, example_inputs, lead, compiled, inner.records[0])
+
+
+def _compile_fx_served(
+    compiler: _GraphCompiler, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], lead: InductorLead
+) -> Callable[..., Any]:
+    """``_compile_fx`` with AOTAutograd's cache on: where it serves the graph, the
+    inner compile does not run and the plans stored beside the entry are published."""
+    fingerprint = settings_fingerprint(compiler.config)
+    served = ServedPlans(compiler.config, graph_key(gm, example_inputs, fingerprint), compiler.graph_index)
+    stored = served.stored()
+    spare = copy.deepcopy(gm) if stored is None else None  # compile_fx takes ownership of its graph
+    inner = PlanningInnerCompile(compiler, lead.capture, served=served)
+    compiled = _compile_fx(gm, example_inputs, inner, lead, fingerprint=fingerprint)
+    if inner.calls:
+        return compiled
+    if stored is not None:
+        publish(stored)
+        return compiled
+    # An entry with no plan beside it (our cache cleared, inductor's kept): compile
+    # again without the cache, so that the graph is planned.
+    assert spare is not None
+    log.info("graph %d: AOTAutograd's cache holds no plan of ours; compiling it again", compiler.graph_index)
+    return _compile_fx(
+        spare, example_inputs, PlanningInnerCompile(compiler, lead.capture, served=served), lead
+    )
 
 
 def _compile_fx(
@@ -135,16 +163,23 @@ def _compile_fx(
     inner: Callable[..., Any],
     lead: InductorLead,
     decompositions: dict[Any, Callable[..., Any]] | None = None,
+    fingerprint: str | None = None,
 ) -> Callable[..., Any]:
-    """Inductor's ``compile_fx`` of ``gm`` with ``inner`` as its inner compile."""
+    """Inductor's ``compile_fx`` of ``gm`` with ``inner`` as its inner compile;
+    AOTAutograd's cache serves it only where ``fingerprint`` keys its entries."""
     from torch._inductor.compile_fx import compile_fx
 
-    with torch._functorch.config.patch(enable_autograd_cache=False):
+    patches: dict[str, Any] = {"triton.cudagraphs": lead.capture}
+    if fingerprint is not None:
+        patches["post_grad_custom_post_pass"] = fingerprint_pass(fingerprint)
+    # Bundled entries would assert on a stitched program instead of skipping it.
+    cache = {"enable_autograd_cache": fingerprint is not None, "bundled_autograd_cache": False}
+    with torch._functorch.config.patch(cache):
         compiled = compile_fx(
             gm,
             list(example_inputs),
             inner_compile=inner,
-            config_patches={"triton.cudagraphs": lead.capture},
+            config_patches=patches,
             decompositions=decompositions,
         )
     assert callable(compiled), "compile_fx returns a callable outside ahead-of-time compilation"
@@ -228,16 +263,22 @@ class PlanningInnerCompile:
     """``compile_fx``'s inner compile: plan the aten graph, then hand it to
     ``compile_fx_inner`` whole, or split and stitch it where the plan departs."""
 
-    def __init__(self, compiler: _GraphCompiler, capture: bool, trial: bool = False) -> None:
+    def __init__(
+        self, compiler: _GraphCompiler, capture: bool, trial: bool = False, served: ServedPlans | None = None
+    ) -> None:
         self.compiler = compiler
         self.capture = capture
         self.trial = trial
+        #: where the plans of graphs compiled whole are stored, for AOTAutograd's cache hits
+        self.served = served
+        self.calls = 0
         #: per aten graph compiled whole, the record a kernel trial updates (None: no trial)
         self.records: list[TrialRecord | None] = []
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
         from torch._inductor.compile_fx import compile_fx_inner
 
+        self.calls += 1
         compiler, config = self.compiler, self.compiler.config
         if kwargs.get("is_inference"):
             kind = GRAPH_INFERENCE
@@ -267,6 +308,8 @@ class PlanningInnerCompile:
         record = TrialRecord(region) if self.trial and kind == GRAPH_INFERENCE else None
         self.records.append(record)
         recorder.publish(GraphRecord(plan, record))
+        if self.served is not None:
+            self.served.add(plan)
         log.info(
             "graph %d (%s): %s -> %s (inductor's own compile)", plan.graph, kind, region.name, region.route
         )

@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--seconds", type=float, default=8.0, help="timing budget per model")
     parser.add_argument("--no-train", action="store_true", help="inference only")
+    parser.add_argument("--train-only", action="store_true", help="the training rows only")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-start processes")
     args = parser.parse_args(argv)
     try:
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         parser.error(str(error))
     infer_columns = CUDA_COLUMNS if args.device == "cuda" else CPU_COLUMNS
-    rows = [run_model(n, "infer", infer_columns, args) for n in names]
+    rows = [] if args.train_only else [run_model(n, "infer", infer_columns, args) for n in names]
     if not args.no_train:
         rows += [run_model(n, "train", TRAIN_COLUMNS, args) for n in names if EVERY_MODEL[n].trains]
     columns = {"infer": infer_columns, "train": TRAIN_COLUMNS}

@@ -1,0 +1,92 @@
+"""AOTAutograd's cache serves the graphs auto compiles as plain inductor does, with
+their plans: a warm start skips the trace and still shows what ran where, and an
+entry written by plain inductor or under other settings never serves auto."""
+
+import shutil
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import dispatch.inductor_baseline as baseline
+from dispatch.record import recorder
+from dispatch.served_plans import KIND
+from tests.models import MLP
+
+
+@pytest.fixture
+def inner_calls(monkeypatch):
+    """How many aten graphs the planning inner compile saw."""
+    calls = [0]
+    original = baseline.PlanningInnerCompile.__call__
+
+    def counting(self, *args, **kwargs):
+        calls[0] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(baseline.PlanningInnerCompile, "__call__", counting)
+    return calls
+
+
+@pytest.fixture
+def own_inductor_cache(monkeypatch, tmp_path):
+    """An inductor cache no other test wrote to."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+
+def _step(model, x, backend="auto", **options):
+    """A new process's first training step, as far as one process can be new."""
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend=backend, options=options or None)
+    with recorder.recording() as plans:
+        compiled(x).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return [(p.kind, [(r.name, r.route) for r in p.regions]) for p in plans], grads
+
+
+def test_a_warm_training_start_is_served_by_aotautograds_cache_with_its_plans(inner_calls):
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(4, 16)
+    cold, cold_grads = _step(model, x)
+    assert cold == [
+        ("forward", [("inductor_cpu_0", "inductor")]),
+        ("backward", [("inductor_cpu_0", "inductor")]),
+    ]
+    calls = inner_calls[0]
+    warm, warm_grads = _step(model, x)
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 1
+    assert inner_calls[0] == calls  # no aten graph was traced or planned again
+    assert warm == cold  # explain still says what ran where
+    for got, expected in zip(warm_grads, cold_grads):
+        torch.testing.assert_close(got, expected)
+
+
+def test_plain_inductors_entry_and_other_settings_never_serve_auto(own_inductor_cache, inner_calls):
+    torch.manual_seed(0)
+    model, x = MLP(depth=1), torch.randn(4, 16)
+    _step(model, x, backend="inductor")
+    assert counters["aot_autograd"]["autograd_cache_saved"] == 1
+    _step(model, x)
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 0
+    assert inner_calls[0] == 2  # forward and backward, planned
+    _step(model, x, min_region_size=3)
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 0
+    assert inner_calls[0] == 4
+    _step(model, x)
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 1
+    assert inner_calls[0] == 4
+
+
+def test_an_entry_without_our_plans_is_compiled_again_and_planned(own_inductor_cache, inner_calls, tmp_path):
+    import os
+
+    torch.manual_seed(0)
+    model, x = MLP(depth=1), torch.randn(4, 16)
+    cold, _ = _step(model, x)
+    shutil.rmtree(os.path.join(os.environ["DISPATCH_CACHE_DIR"], KIND))  # ours cleared, inductor's kept
+    again, _ = _step(model, x)
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 1  # served, but with no plan
+    assert inner_calls[0] == 4  # so compiled again, and planned
+    assert again == cold
