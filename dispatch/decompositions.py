@@ -1,5 +1,11 @@
 """Decompositions that let ONNX Runtime run what the ONNX exporter cannot translate.
 
+``chunk`` or ``split`` of a dimension whose size is symbolic (``dynamic=True``)
+gives ``aten.split.Tensor`` a symbolic piece size, which the exporter writes as
+``SplitToSequence``; onnxscript's constant folding then fails on it
+(``'NoneType' object has no attribute 'ndim'``, onnxscript 0.7.2), and the
+whole region fell back to eager. Written as one slice per piece, it exports.
+
 ``nn.TransformerEncoderLayer`` in eval mode takes a fused "fast path"
 (``aten._transformer_encoder_layer_fwd``) that no exporter translates and that
 has no aten decomposition in torch. Left alone, the whole layer would run
@@ -72,6 +78,25 @@ def transformer_encoder_layer_fwd(
     return F.layer_norm(x + feed_forward(x), shape, norm_weight_2, norm_bias_2, eps)
 
 
+def split_as_slices(x: torch.Tensor, split_size: Any, dim: int = 0) -> Any:
+    """``aten.split.Tensor`` with a symbolic piece size, as one slice per piece."""
+    if not isinstance(split_size, torch.SymInt) or x.dim() == 0:
+        return NotImplemented
+    from torch.fx.experimental.symbolic_shapes import guard_int
+
+    dim = dim % x.dim()
+    size = x.shape[dim]
+    # How many pieces: Dynamo already fixed it (the graph has that many outputs),
+    # and torch's own decomposition reads it the same way.
+    pieces = guard_int((size + split_size - 1) // split_size)
+    ends = [*(split_size * (k + 1) for k in range(pieces - 1)), size]
+    starts = [0, *ends[:-1]]
+    return tuple(aten.slice.Tensor(x, dim, start, end) for start, end in zip(starts, ends))
+
+
 def onnx_friendly() -> dict[Any, Callable[..., Any]]:
     """The decomposition table to lower with when onnxrt may run the graph."""
-    return {aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd}
+    return {
+        aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
+        aten.split.Tensor: split_as_slices,
+    }

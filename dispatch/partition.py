@@ -11,7 +11,7 @@ not shredded into tiny regions whose hand-over costs more than they gain.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -58,12 +58,8 @@ def form_regions(
             kept = []
             floor = registry.get(route).min_region_size or min_region_size
             for partition in partitions:
-                size = _compute_count(partition.nodes)
-                if (
-                    route != "eager"
-                    and size < floor
-                    and _demote(partition.nodes, by_name, route, size, floor)
-                ):
+                reason = None if route == "eager" else _refusal(partition.nodes, route, floor)
+                if reason is not None and _demote(partition.nodes, by_name, route, reason):
                     continue
                 kept.append(partition)
             if not kept:
@@ -108,15 +104,23 @@ def _propose(gm: torch.fx.GraphModule, choices: dict, route: str, place: str) ->
     return partitioner.propose_partitions()
 
 
-def _demote(nodes: Iterable[torch.fx.Node], choices: dict, route: str, size: int, min_size: int) -> bool:
-    """Hand a too-small partition's nodes to their next route; False if none has one."""
+def _refusal(nodes: Collection[torch.fx.Node], route: str, min_size: int) -> str | None:
+    """Why ``route`` should not take this partition as a region, or None."""
+    size = _compute_count(nodes)
+    if size < min_size:
+        return f"region of {size} op(s) is below min_region_size={min_size}"
+    return registry.get(route).region_reason(nodes)
+
+
+def _demote(nodes: Iterable[torch.fx.Node], choices: dict, route: str, reason: str) -> bool:
+    """Hand a refused partition's nodes to their next route; False if none has one."""
     if any(len(choices[n].chain) < 2 for n in nodes if n in choices):
         return False
     for n in nodes:
         choice = choices[n]
         if choice.chain[:1] == [route]:
             choice.chain = choice.chain[1:]
-            choice.rejected[route] = f"region of {size} op(s) is below min_region_size={min_size}"
+            choice.rejected[route] = reason
     return True
 
 

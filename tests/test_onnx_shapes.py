@@ -109,3 +109,41 @@ def test_a_guard_that_is_not_shape_arithmetic_is_refused():
     for planted in planted_code:
         with pytest.raises(ValueError, match="a shape guard"):
             shape_check([planted])
+
+
+def _chunks(x):
+    return torch.cat([p.sin() * (k + 1) for k, p in enumerate(x.chunk(3, dim=-1))], dim=-1).tanh()
+
+
+def _nearest_by_half_again(x):
+    return F.interpolate(x, scale_factor=1.5, mode="nearest").relu() * 2
+
+
+@torch.no_grad()
+def test_chunk_of_a_symbolic_size_runs_on_onnxrt():
+    """Split into pieces of a symbolic size, the exporter's SplitToSequence failed
+    in onnxscript's constant folding, and the whole region fell back to eager."""
+    compiled = torch.compile(_chunks, backend="auto", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        for width in (24, 25, 26, 4, 31):  # pieces of 8, 9, 9, 2 (two pieces), 11
+            x = torch.randn(2, 3, width)
+            torch.testing.assert_close(compiled(x), _chunks(x))
+    explained = dispatch.explain(_chunks, torch.randn(2, 5, 25), dynamic=True)
+    assert [r.route for r in explained.regions] == ["onnxrt"]
+
+
+@torch.no_grad()
+def test_a_region_whose_size_no_tensor_carries_is_planned_off_onnxrt():
+    """A size that reaches a region only as an integer cannot reach ONNX Runtime:
+    the plan keeps that region off onnxrt instead of failing it at compile."""
+    compiled = torch.compile(_nearest_by_half_again, backend="auto", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        for shape in [(2, 3, 8, 8), (2, 3, 11, 7), (1, 2, 5, 9)]:
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), _nearest_by_half_again(x))
+    regions = dispatch.explain(_nearest_by_half_again, torch.randn(2, 3, 9, 9), dynamic=True).regions
+    assert all(r.planned_route is None for r in regions)  # no route failed
+    assert any("is no dimension of a tensor input" in r.rejected.get("onnxrt", "") for r in regions)
+    assert "onnxrt" in {r.route for r in regions}

@@ -12,7 +12,7 @@ Heavy imports (onnxruntime, triton) happen inside ``available()``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +109,11 @@ class Route:
 
     def supports(self, node: torch.fx.Node, graph: GraphFacts) -> str | None:
         """None if this route can run ``node``, else the reason it cannot."""
+        return None
+
+    def region_reason(self, nodes: Collection[torch.fx.Node]) -> str | None:
+        """None if this route can run ``nodes`` as one region, else why not: what no
+        single node shows (the region's inputs, once the graph is cut)."""
         return None
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -128,6 +128,29 @@ def _dynamic_axes(node: torch.fx.Node) -> dict[int, Any]:
     if not isinstance(value, torch.Tensor):
         return {}
     return {d: torch.export.Dim.DYNAMIC for d, s in enumerate(value.shape) if isinstance(s, torch.SymInt)}
+
+
+def size_without_tensor(nodes: Collection[torch.fx.Node]) -> str | None:
+    """Where the region made of ``nodes`` would take a size input that is no
+    dimension of one of its tensor inputs, why ONNX Runtime cannot run it (the
+    check ``_sizes_from_tensors`` makes at export, made at plan time); else None."""
+    inside = set(nodes)
+    outside = {a for n in nodes for a in n.all_input_nodes if a not in inside}
+    dims: set[Any] = set()
+    for node in outside:
+        value = node.meta.get(META_VAL)
+        if isinstance(value, torch.Tensor):
+            for s in value.shape:
+                if isinstance(s, torch.SymInt):
+                    dims.add(s.node.expr)
+    for node in outside:
+        value = node.meta.get(META_VAL)
+        if isinstance(value, torch.SymInt) and value.node.expr not in dims:
+            return (
+                f"its size input {node.name} = {value} is no dimension of a tensor input of the "
+                "region, and ONNX Runtime takes tensors only"
+            )
+    return None
 
 
 def _sizes_from_tensors(graph: torch.fx.Graph) -> None:

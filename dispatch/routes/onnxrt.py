@@ -17,7 +17,7 @@ import importlib
 import importlib.util
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -42,7 +42,7 @@ from .base import (
     install_hint,
     op_handles,
 )
-from .onnx_export import export_region, fed_positions
+from .onnx_export import export_region, fed_positions, size_without_tensor
 from .onnx_guards import ShapeClasses
 from .onnx_model import OnnxModel
 from .onnx_on_torch import TorchWhereNaN, refusing_other_shapes, run_by_torch
@@ -124,6 +124,9 @@ class OnnxRoute(Route):
             if t.is_sparse or t.layout != torch.strided:
                 return f"layout {t.layout} is not exported to ONNX"
         return None
+
+    def region_reason(self, nodes: Collection[torch.fx.Node]) -> str | None:
+        return size_without_tensor(nodes)
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
         weights = marked_static_positions(gm)
