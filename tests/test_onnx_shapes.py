@@ -147,3 +147,21 @@ def test_a_region_whose_size_no_tensor_carries_is_planned_off_onnxrt():
     assert all(r.planned_route is None for r in regions)  # no route failed
     assert any("is no dimension of a tensor input" in r.rejected.get("onnxrt", "") for r in regions)
     assert "onnxrt" in {r.route for r in regions}
+
+
+def _causal_attention(x):
+    return F.scaled_dot_product_attention(x, x, x, is_causal=True) + 1
+
+
+@torch.no_grad()
+def test_attention_scaled_by_a_symbolic_size_runs_on_onnxrt():
+    """With every size dynamic, attention's scale ``1 / sqrt(E)`` is a symbolic float,
+    which torchlib's ``mul.Scalar`` refused: the region fell back to eager."""
+    compiled = torch.compile(_causal_attention, backend="auto", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        for shape in [(2, 7, 16), (1, 13, 16), (3, 5, 8), (2, 22, 32)]:
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), _causal_attention(x))
+    regions = dispatch.explain(_causal_attention, torch.randn(2, 7, 16), dynamic=True).regions
+    assert [r.route for r in regions] == ["onnxrt"]

@@ -24,6 +24,7 @@ def rewrite_for_onnx(graph: torch.fx.Graph) -> None:
     _floor_divide_in_result_dtype(graph)
     _clamps_as_max_or_min(graph)
     _reductions_over_every_dim_name_them(graph)
+    _symbolic_scalars_as_tensors(graph)
 
 
 # Advanced indexing exports as GatherND / ScatterND, which take int64 indices only.
@@ -126,6 +127,38 @@ def _reductions_over_every_dim_name_them(graph: torch.fx.Graph) -> None:
             (node.args[0], list(range(value.dim())), bool(arguments.get("keepdim", False))),
             {},
         )
+
+
+# Each op with a Scalar operand, and its overload that takes a tensor there.
+_TENSOR_OVERLOADS = {
+    torch.ops.aten.mul.Scalar: torch.ops.aten.mul.Tensor,
+    torch.ops.aten.div.Scalar: torch.ops.aten.div.Tensor,
+    torch.ops.aten.add.Scalar: torch.ops.aten.add.Tensor,
+    torch.ops.aten.sub.Scalar: torch.ops.aten.sub.Tensor,
+    torch.ops.aten.pow.Tensor_Scalar: torch.ops.aten.pow.Tensor_Tensor,
+}
+
+
+def _symbolic_scalars_as_tensors(graph: torch.fx.Graph) -> None:
+    """``x * s`` where ``s`` is a symbolic float (attention's ``1 / sqrt(E)`` of a
+    dynamic ``E``) multiplies by ``s`` as a 0-d tensor of ``x``'s dtype: torchlib's
+    Scalar overloads call ``float()`` on it, which failed the export, and the whole
+    region fell back to eager."""
+    for node in list(graph.nodes):
+        overload = _TENSOR_OVERLOADS.get(node.target) if node.op == "call_function" else None
+        if overload is None or len(node.args) < 2 or not isinstance(node.args[1], torch.fx.Node):
+            continue
+        scalar = node.args[1].meta.get(META_VAL)
+        value = tensor_value(node.args[0])
+        if value is None or not isinstance(scalar, (torch.SymFloat, torch.SymInt)):
+            continue
+        with graph.inserting_before(node):
+            made = graph.call_function(
+                torch.ops.aten.scalar_tensor.default, (node.args[1],), {"dtype": value.dtype}
+            )
+        made.meta[META_VAL] = torch.empty((), dtype=value.dtype)
+        node.target = overload
+        node.args = (node.args[0], made, *node.args[2:])
 
 
 def _cast_before(graph: torch.fx.Graph, node: torch.fx.Node, value: Any, dtype: torch.dtype) -> torch.fx.Node:
