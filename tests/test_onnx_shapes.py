@@ -165,3 +165,28 @@ def test_attention_scaled_by_a_symbolic_size_runs_on_onnxrt():
             torch.testing.assert_close(compiled(x), _causal_attention(x))
     regions = dispatch.explain(_causal_attention, torch.randn(2, 7, 16), dynamic=True).regions
     assert [r.route for r in regions] == ["onnxrt"]
+
+
+def _adaptive_max(x):
+    return F.adaptive_max_pool2d(x, 3) + 1
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@torch.no_grad()
+def test_adaptive_max_pooling_of_uneven_windows_is_planned_off_onnxrt(dynamic):
+    """The exporter writes adaptive max pooling as one MaxPool window size; at 10x10
+    to 3x3 the export failed and the region fell back to eager with a warning."""
+    compiled = torch.compile(_adaptive_max, backend="auto", dynamic=dynamic)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        for shape in [(2, 3, 10, 10), (2, 3, 9, 9), (2, 3, 11, 7)]:
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), _adaptive_max(x))
+    # Static sizes from here (a size Dynamo saw change is symbolic, never known to divide).
+    torch._dynamo.reset()
+    uneven = dispatch.explain(_adaptive_max, torch.randn(2, 3, 10, 10)).regions
+    assert any("does not divide its input size" in r.rejected.get("onnxrt", "") for r in uneven)
+    assert all(r.planned_route is None for r in uneven)
+    torch._dynamo.reset()
+    even = dispatch.explain(_adaptive_max, torch.randn(2, 3, 9, 9)).regions
+    assert [r.route for r in even] == ["onnxrt"]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..cache import ArtifactCache, current_cache, versions
-from ..inspect import is_symbolic
+from ..inspect import is_symbolic, tensor_value
 
 
 @contextlib.contextmanager
@@ -137,6 +137,13 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
         # ORT's indices skip a NaN, and no ONNX op finds a window's first NaN (onnx_nan.py).
         return f"{target} with its indices read: ONNX Runtime's MaxPool passes over NaN, and its indices cannot be corrected"
     source = node.args[0]
+    if target in _ADAPTIVE_MAX_POOLS and not _even_windows(node):
+        # torchlib writes it as a MaxPool of one window size; otherwise the export
+        # failed ("Failed to convert the exported program") and the region fell back.
+        return (
+            f"{target} whose output size does not divide its input size: the ONNX exporter "
+            "translates adaptive max pooling into windows of one size only"
+        )
     if target in _ANTIALIASED and isinstance(source, torch.fx.Node) and is_symbolic(source):
         # Static, the first-call check settles it; one export for every size is checked at one.
         return (
@@ -144,6 +151,28 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
             "at sizes whose scale is inexact (0.5 off from 11x8 to 5x4, exact from 10x8)"
         )
     return None
+
+
+_ADAPTIVE_MAX_POOLS = frozenset(
+    {
+        torch.ops.aten.adaptive_max_pool1d.default,
+        torch.ops.aten.adaptive_max_pool2d.default,
+        torch.ops.aten.adaptive_max_pool3d.default,
+    }
+)
+
+
+def _even_windows(node: torch.fx.Node) -> bool:
+    """True where an adaptive pooling's every output size divides its input's
+    size (a size of 1 always does, a symbolic size never is known to)."""
+    source, output_size = node.args[0], node.args[1]
+    value = tensor_value(source)
+    if value is None:
+        return False
+    sizes = value.shape[value.dim() - len(output_size) :]
+    return all(
+        out == 1 or (isinstance(size, int) and size % out == 0) for size, out in zip(sizes, output_size)
+    )
 
 
 _ANTIALIASED = frozenset(
