@@ -167,7 +167,7 @@ def _even_windows(node: torch.fx.Node) -> bool:
     size (a size of 1 always does, a symbolic size never is known to)."""
     source, output_size = node.args[0], node.args[1]
     value = tensor_value(source)
-    if value is None:
+    if value is None or not isinstance(output_size, (list, tuple)):
         return False
     sizes = value.shape[value.dim() - len(output_size) :]
     return all(
