@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
-from .cache import inductor_cache
+from .cache import inductor_cache, trusted_root
 from .config import Config
 from .errors import DispatchError, error_line
 from .inspect import (
@@ -136,7 +136,11 @@ def _compile_fx_served(
     compiler: _GraphCompiler, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], lead: InductorLead
 ) -> Callable[..., Any]:
     """``_compile_fx`` with AOTAutograd's cache on: where it serves the graph, the
-    inner compile does not run and the plans stored beside the entry are published."""
+    inner compile does not run and the plans stored beside the entry are published.
+    Without a cache of ours to store plans in, AOTAutograd's stays off too: every
+    hit would have to be compiled again."""
+    if not trusted_root(compiler.config.cache_dir):
+        return _compile_fx(gm, example_inputs, PlanningInnerCompile(compiler, lead.capture), lead)
     fingerprint = settings_fingerprint(compiler.config)
     served = ServedPlans(compiler.config, graph_key(gm, example_inputs, fingerprint), compiler.graph_index)
     stored = served.stored()

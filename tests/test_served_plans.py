@@ -90,3 +90,27 @@ def test_an_entry_without_our_plans_is_compiled_again_and_planned(own_inductor_c
     assert counters["aot_autograd"]["autograd_cache_hit"] == 1  # served, but with no plan
     assert inner_calls[0] == 4  # so compiled again, and planned
     assert again == cold
+
+
+def test_without_a_cache_of_ours_aotautograds_stays_off(
+    own_inductor_cache, inner_calls, tmp_path, monkeypatch
+):
+    """Plans could not be stored, so every hit would compile again: no hits at all."""
+    import dispatch.cache as cache_module
+    from dispatch.cache import CacheWarning
+
+    monkeypatch.setattr(cache_module, "_WARNED", set())
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("DISPATCH_CACHE_DIR", str(blocker / "cache"))
+    torch.manual_seed(0)
+    model, x = MLP(depth=1), torch.randn(4, 16)
+    with pytest.warns(CacheWarning, match="cannot write"):
+        _step(model, x)
+    second, _ = _step(model, x)
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 0
+    assert inner_calls[0] == 4  # each step planned its forward and backward once
+    assert second == [
+        ("forward", [("inductor_cpu_0", "inductor")]),
+        ("backward", [("inductor_cpu_0", "inductor")]),
+    ]
