@@ -55,6 +55,24 @@ class Region:
             "planned_route": self.planned_route,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], graph: int | None = None) -> Region:
+        """The inverse of ``to_dict``; ``graph`` renumbers the region's graph."""
+        return cls(
+            graph=data["graph"] if graph is None else graph,
+            name=data["name"],
+            route=data["route"],
+            ops=tuple(data["ops"]),
+            devices=frozenset(data["devices"]),
+            node_count=data["node_count"],
+            kind=data["kind"],
+            rejected=dict(data["rejected"]),
+            fallbacks=tuple(data["fallbacks"]),
+            inner_route=data["inner_route"],
+            measured=dict(data["measured"]),
+            planned_route=data["planned_route"],
+        )
+
 
 @dataclass
 class RegionRun:
@@ -117,6 +135,21 @@ class GraphPlan:
             "route_order": {k: list(v) for k, v in self.route_order.items()},
             "regions": [r.to_dict() for r in self.regions],
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], graph: int | None = None) -> GraphPlan:
+        """The inverse of ``to_dict``; ``graph`` renumbers the graph and its regions."""
+        index = data["graph"] if graph is None else graph
+        return cls(
+            graph=index,
+            kind=data["kind"],
+            devices=frozenset(data["devices"]),
+            dynamic=data["dynamic"],
+            node_count=data["node_count"],
+            route_order={k: tuple(v) for k, v in data["route_order"].items()},
+            regions=[Region.from_dict(r, index) for r in data["regions"]],
+            dynamic_dims=tuple(data["dynamic_dims"]),
+        )
 
 
 @dataclass

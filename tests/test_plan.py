@@ -5,6 +5,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import dispatch
+from dispatch.region import GraphPlan
 from tests.conftest import fake_inputs, on_fake_device
 from tests.models import MLP, CustomOpMLP, SpectralFilter, scaled_tanh
 
@@ -227,6 +228,9 @@ def test_plan_is_serialisable():
     data = json.loads(json.dumps(plan.to_dict()))
     assert data["graphs"][0]["regions"][0]["route"] in ("onnxrt", "eager")
     assert "onnxrt" in str(plan)
+    # Read back (plans stored beside AOTAutograd's entries are), equal to what was made.
+    assert [GraphPlan.from_dict(g) for g in data["graphs"]] == plan.graphs
+    assert GraphPlan.from_dict(data["graphs"][0], graph=7).regions[0].graph == 7
 
 
 def test_forcing_cudagraphs_on_cpu_is_a_device_error(monkeypatch):
