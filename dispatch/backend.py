@@ -72,7 +72,8 @@ def auto(
     except DispatchError as error:
         return _raiser(error)
     configure_logging(config.log_level)
-    with COMPILE_LOCK, using(ArtifactCache(config.cache_dir)), inductor_cache(config.cache_dir):
+    training = needs_gradients(example_inputs)
+    with COMPILE_LOCK, using(ArtifactCache(config.cache_dir)), inductor_cache(config.cache_dir, training):
         return _compile(gm, example_inputs, config)
 
 

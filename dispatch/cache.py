@@ -197,8 +197,13 @@ def trusted_root(root: Path) -> bool:
 
 
 @contextlib.contextmanager
-def inductor_cache(root: Path) -> Iterator[None]:
-    """Inductor's on-disk cache under ours, for our own compiles only.
+def inductor_cache(root: Path, training: bool = False) -> Iterator[None]:
+    """Inductor's on-disk cache under ours, for our own inference compiles only.
+
+    A training graph's compiles keep inductor's own directory: AOTAutograd
+    writes a training graph's entry after the backward compiles, on the first
+    backward call, outside any call of ours, so the lookup on a warm start, the
+    FX graph cache and that write must all see one directory.
 
     The user's own ``backend="inductor"`` models keep inductor's cache: the
     variable is restored on exit, and inductor's in-memory caches that remember
@@ -208,6 +213,9 @@ def inductor_cache(root: Path) -> Iterator[None]:
     run on ONNX Runtime never needs. A directory the user chose
     (``TORCHINDUCTOR_CACHE_DIR`` set to other than inductor's default) is used
     as it is, and an untrusted root is not used."""
+    if training:
+        yield
+        return
     ours = str((Path(root) / "inductor").absolute())
     chosen = os.environ.get(ENV_INDUCTOR_CACHE)
     if chosen == ours or (chosen and chosen != _inductor_default_dir()):

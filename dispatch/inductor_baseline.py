@@ -292,7 +292,7 @@ class PlanningInnerCompile:
             kind = GRAPH_FORWARD
         static = frozenset(kwargs.get("static_input_idxs") or ())
         # A backward graph compiles on the first backward call, outside ``auto``'s scope.
-        with COMPILE_LOCK, inductor_cache(config.cache_dir):
+        with COMPILE_LOCK, inductor_cache(config.cache_dir, training=kind != GRAPH_INFERENCE):
             try:
                 plan = whole_graph_plan(gm, kind, config, compiler.graph_index)
             except DispatchError:

@@ -17,6 +17,10 @@ problems, which this module solves:
   that torch keys custom passes by: a post-grad pass whose ``uuid()`` is the
   fingerprint. It changes nothing in the graph.
 
+A training graph's entry is written at the first backward call, outside
+``auto``'s call, in inductor's own directory; so its compiles all use that
+directory (``cache.inductor_cache``).
+
 Torch writes an entry only for inductor's own output (an ``OutputCode`` with a
 graph-cache key), so a graph that was split among routes, or captured with its
 outputs copied out, is never stored: only the graphs inductor took whole are.

@@ -211,7 +211,7 @@ def test_an_untrusted_cache_root_reads_as_empty_and_is_not_written(tmp_path, mon
 
 def test_inductor_uses_our_cache_for_our_compiles_only(tmp_path, monkeypatch):
     """auto sets no process-wide TORCHINDUCTOR_CACHE_DIR: a user's own inductor
-    models keep inductor's cache."""
+    models keep inductor's cache, and so do auto's training graphs."""
     import torch._inductor.compile_fx as compile_fx_module
     from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
 
@@ -228,7 +228,11 @@ def test_inductor_uses_our_cache_for_our_compiles_only(tmp_path, monkeypatch):
     monkeypatch.setattr(compile_fx_module, "compile_fx_inner", spy)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
     x = torch.randn(2, 4)
-    torch.compile(model, backend="auto")(x).sum().backward()  # training: inductor's
+    with torch.no_grad():  # inference on inductor: ours
+        torch.compile(model, backend="auto", options={"routes": ["inductor"]})(x)
+    torch._dynamo.reset()
+    # Training: inductor's own, where AOTAutograd writes the entry at the first backward call.
+    torch.compile(model, backend="auto")(x).sum().backward()
 
     def users_inductor(gm, example_inputs):  # backend="inductor", with the spy inside
         with torch._functorch.config.patch(enable_autograd_cache=False):  # a hit would skip the spy
@@ -236,6 +240,7 @@ def test_inductor_uses_our_cache_for_our_compiles_only(tmp_path, monkeypatch):
 
     torch.compile(lambda t: t.sin() + 1, backend=users_inductor)(x)
     ours = str((root / "inductor").absolute())
-    assert seen[:2] == [ours, ours]  # forward, then backward (compiled on the first backward call)
-    assert seen[2] == default_cache_dir()  # the user's inductor model
+    assert seen[0] == ours
+    assert seen[1:3] == [default_cache_dir()] * 2  # forward, then backward (on the first backward call)
+    assert seen[3] == default_cache_dir()  # the user's inductor model
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir())

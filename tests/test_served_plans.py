@@ -114,3 +114,22 @@ def test_without_a_cache_of_ours_aotautograds_stays_off(
         ("forward", [("inductor_cpu_0", "inductor")]),
         ("backward", [("inductor_cpu_0", "inductor")]),
     ]
+
+
+def test_a_warm_training_start_is_served_where_inductors_directory_is_its_default(
+    inner_calls, tmp_path, monkeypatch
+):
+    """Left to its default, inductor's directory was ours for auto's compiles, but
+    AOTAutograd writes a training entry at the first backward call, outside them:
+    the entry went to inductor's default directory and was never found."""
+    from torch._inductor.runtime import cache_dir_utils
+
+    default = str(tmp_path / "inductor-default")
+    monkeypatch.setattr(cache_dir_utils, "default_cache_dir", lambda: default)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default)  # as inductor sets it on first use
+    torch.manual_seed(0)
+    model, x = MLP(depth=1), torch.randn(4, 16)
+    _step(model, x)
+    _step(model, x)
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 1
+    assert inner_calls[0] == 2
