@@ -2,7 +2,11 @@
 their plans: a warm start skips the trace and still shows what ran where, and an
 entry written by plain inductor or under other settings never serves auto."""
 
+import os
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -133,3 +137,44 @@ def test_a_warm_training_start_is_served_where_inductors_directory_is_its_defaul
     _step(model, x)
     assert counters["aot_autograd"]["autograd_cache_hit"] == 1
     assert inner_calls[0] == 2
+
+
+# One training step in a fresh process: AOTAutograd's cache hits, the plans
+# published, and the gradients.
+TRAINING_STEP = textwrap.dedent(
+    """
+    import torch, dispatch
+    from dispatch.record import recorder
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    with recorder.recording() as plans:
+        torch.compile(model, backend="auto")(x).sum().backward()
+    print("HITS", counters["aot_autograd"]["autograd_cache_hit"])
+    print("PLANS", [(p.kind, [(r.name, r.route) for r in p.regions]) for p in plans])
+    print("GRADS", [round(float(p.grad.abs().sum()), 6) for p in model.parameters()])
+    """
+)
+
+
+def test_a_second_process_is_served_with_the_first_ones_plans(tmp_path):
+    """Both caches at their defaults: ours under DISPATCH_CACHE_DIR, inductor's
+    under the temporary directory, as a user who set neither has them."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env.update({"DISPATCH_CACHE_DIR": str(tmp_path / "dispatch"), "TMPDIR": str(tmp_path)})
+
+    def run() -> dict[str, str]:
+        out = subprocess.run(
+            [sys.executable, "-c", TRAINING_STEP], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return dict(
+            line.split(" ", 1) for line in out.stdout.splitlines() if line[:4] in ("HITS", "PLAN", "GRAD")
+        )
+
+    first, second = run(), run()
+    assert (first["HITS"], second["HITS"]) == ("0", "1")
+    assert second["PLANS"] == first["PLANS"]
+    assert "('forward', [('inductor_cpu_0', 'inductor')])" in first["PLANS"]
+    assert second["GRADS"] == first["GRADS"]
