@@ -176,8 +176,10 @@ def _compile_fx(
     patches: dict[str, Any] = {"triton.cudagraphs": lead.capture}
     if fingerprint is not None:
         patches["post_grad_custom_post_pass"] = fingerprint_pass(fingerprint)
-    # Bundled entries would assert on a stitched program instead of skipping it.
-    cache = {"enable_autograd_cache": fingerprint is not None, "bundled_autograd_cache": False}
+    # On only where the user left it on; bundled entries would assert on a stitched
+    # program instead of skipping it.
+    enabled = fingerprint is not None and torch._functorch.config.enable_autograd_cache
+    cache = {"enable_autograd_cache": enabled, "bundled_autograd_cache": False}
     with torch._functorch.config.patch(cache):
         compiled = compile_fx(
             gm,
