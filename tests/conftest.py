@@ -1,6 +1,6 @@
-"""Shared set-up: one Inductor cache per test session, the Triton interpreter
-where there is no GPU, a clean environment and Dynamo cache per test, and
-helpers for fake-device models."""
+"""Shared set-up: one Inductor cache per test session (AOTAutograd's cache off),
+the Triton interpreter where there is no GPU, a clean environment and Dynamo
+cache per test, and helpers for fake-device models."""
 
 from __future__ import annotations
 
@@ -10,12 +10,17 @@ import tempfile
 
 import pytest
 import torch
+import torch._functorch.config
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 # One Inductor cache for the whole session: a cold C++ compile costs seconds.
 os.environ.setdefault(
     "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "dispatch-tests-inductor")
 )
+# AOTAutograd's cache off, but where a test turns it on (tests/test_served_plans.py):
+# its entries live in the session's shared Inductor cache, so a test would be
+# served a graph another test (or an earlier run) compiled, and plan nothing.
+torch._functorch.config.enable_autograd_cache = False
 # Without a GPU, Triton kernels run in the interpreter on CPU tensors. It must be
 # set before triton decorates any kernel, that is before kernels/ is imported.
 if not torch.cuda.is_available():

@@ -18,6 +18,13 @@ from dispatch.served_plans import KIND
 from tests.models import MLP
 
 
+@pytest.fixture(autouse=True)
+def aotautograd_cache_on():
+    """On, as torch leaves it (the suite turns it off elsewhere, tests/conftest.py)."""
+    with torch._functorch.config.patch(enable_autograd_cache=True):
+        yield
+
+
 @pytest.fixture
 def inner_calls(monkeypatch):
     """How many aten graphs the planning inner compile saw."""
