@@ -94,9 +94,40 @@ def split_as_slices(x: torch.Tensor, split_size: Any, dim: int = 0) -> Any:
     return tuple(aten.slice.Tensor(x, dim, start, end) for start, end in zip(starts, ends))
 
 
+def attention_in_four_dims(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
+    """``aten.scaled_dot_product_attention`` of 3-D tensors (one head, as hand-written
+    attention calls it) as the same op on 4-D ones: torchlib translates 4-D attention
+    only ("only 4D query, key, and value are supported"), and a lowered program's
+    region holding it fell back to eager."""
+    if not query.dim() == key.dim() == value.dim() == 3 or enable_gqa:
+        return NotImplemented
+    if attn_mask is not None and attn_mask.dim() == 3:
+        attn_mask = attn_mask.unsqueeze(1)
+    out = aten.scaled_dot_product_attention.default(
+        query.unsqueeze(1),
+        key.unsqueeze(1),
+        value.unsqueeze(1),
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale=scale,
+    )
+    return out.squeeze(1)
+
+
 def onnx_friendly() -> dict[Any, Callable[..., Any]]:
     """The decomposition table to lower with when onnxrt may run the graph."""
     return {
         aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
         aten.split.Tensor: split_as_slices,
+        aten.scaled_dot_product_attention.default: attention_in_four_dims,
     }

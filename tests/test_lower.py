@@ -545,3 +545,26 @@ def test_triton_regions_round_trip_as_named_kernels(tmp_path, monkeypatch):
     handles = {h for r in _manifest(path)["regions"] for h in r["debug_handle_map"]}
     assert {h.split(":")[1] for h in handles} == {"layer_norm", "softmax"}
     torch.testing.assert_close(dispatch.load(path)(x), model(x))
+
+
+class OneHeadAttention(torch.nn.Module):
+    """Attention of 3-D tensors, as hand-written single-head attention calls it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True) * 2
+
+
+def test_attention_of_three_dimensions_lowers_to_onnxrt(tmp_path):
+    """torchlib translates 4-D attention only: the region fell back to eager."""
+    pytest.importorskip("onnxruntime")
+    model, x = OneHeadAttention(), torch.randn(2, 9, 24)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        program = dispatch.lower(model, (x,), dynamic_shapes={"x": {1: Dim("seq", min=2, max=64)}})
+    assert [r.route for r in program.regions] == ["onnxrt"]
+    path = tmp_path / "attention.dispatch"
+    program.save(path)
+    loaded = dispatch.load(path)
+    for seq in (9, 13, 4):
+        x = torch.randn(2, seq, 24)
+        torch.testing.assert_close(loaded(x), model(x), rtol=1e-4, atol=1e-5)
