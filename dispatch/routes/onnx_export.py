@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -136,13 +136,7 @@ def size_without_tensor(nodes: Collection[torch.fx.Node]) -> str | None:
     check ``_sizes_from_tensors`` makes at export, made at plan time); else None."""
     inside = set(nodes)
     outside = {a for n in nodes for a in n.all_input_nodes if a not in inside}
-    dims: set[Any] = set()
-    for node in outside:
-        value = node.meta.get(META_VAL)
-        if isinstance(value, torch.Tensor):
-            for s in value.shape:
-                if isinstance(s, torch.SymInt):
-                    dims.add(s.node.expr)
+    dims = _dimension_sources(outside)
     for node in outside:
         value = node.meta.get(META_VAL)
         if isinstance(value, torch.SymInt) and value.node.expr not in dims:
@@ -153,6 +147,19 @@ def size_without_tensor(nodes: Collection[torch.fx.Node]) -> str | None:
     return None
 
 
+def _dimension_sources(nodes: Iterable[torch.fx.Node]) -> dict[Any, tuple[torch.fx.Node, int]]:
+    """Each symbolic size that a dimension of a tensor among ``nodes`` holds (by its
+    expression) -> the first such tensor and dimension."""
+    sources: dict[Any, tuple[torch.fx.Node, int]] = {}
+    for node in nodes:
+        value = node.meta.get(META_VAL)
+        if isinstance(value, torch.Tensor):
+            for d, s in enumerate(value.shape):
+                if isinstance(s, torch.SymInt):
+                    sources.setdefault(s.node.expr, (node, d))
+    return sources
+
+
 def _sizes_from_tensors(graph: torch.fx.Graph) -> None:
     """Replace each ``SymInt`` placeholder by ``sym_size`` of a tensor input of that size.
 
@@ -161,13 +168,7 @@ def _sizes_from_tensors(graph: torch.fx.Graph) -> None:
     placeholders = graph.find_nodes(op="placeholder")
     if not placeholders:
         return  # every input was a weight, baked in: the model takes no input
-    sources: dict[Any, tuple[torch.fx.Node, int]] = {}
-    for node in placeholders:
-        value = node.meta.get(META_VAL)
-        if isinstance(value, torch.Tensor):
-            for d, s in enumerate(value.shape):
-                if isinstance(s, torch.SymInt):
-                    sources.setdefault(s.node.expr, (node, d))
+    sources = _dimension_sources(placeholders)
     # The partitioner may leave ops between placeholders: inputs first, so that
     # the sizes read from them precede every use.
     previous = None
