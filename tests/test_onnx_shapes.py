@@ -21,6 +21,17 @@ F = torch.nn.functional
 SHAPES = [(1, 3, 7, 9), (2, 3, 10, 6), (1, 3, 13, 17), (1, 3, 5, 5), (2, 3, 11, 8), (1, 3, 9, 9)]
 
 
+def _matches_eager_without_fallback(fn, shapes, dynamic=True):
+    """``fn`` compiled by auto gives eager's result at each of ``shapes``, and no
+    route falls back on the way (a ``FallbackWarning`` is an error)."""
+    compiled = torch.compile(fn, backend="auto", dynamic=dynamic)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        for shape in shapes:
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), fn(x))
+
+
 def _adaptive_avg(x):
     return F.adaptive_avg_pool2d(x, 3) + 1
 
@@ -40,12 +51,7 @@ def test_a_size_dependent_export_is_right_at_every_size(fn):
     picked its windows for 7 % 3 == 1, and ONNX Runtime checks no guard."""
     assert {r.route for r in dispatch.explain(fn, torch.randn(SHAPES[0])).regions} == {"onnxrt"}
     torch._dynamo.reset()
-    compiled = torch.compile(fn, backend="auto", dynamic=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FallbackWarning)
-        for shape in SHAPES:
-            x = torch.randn(shape)
-            torch.testing.assert_close(compiled(x), fn(x))
+    _matches_eager_without_fallback(fn, SHAPES)
 
 
 @torch.no_grad()
@@ -123,12 +129,8 @@ def _nearest_by_half_again(x):
 def test_chunk_of_a_symbolic_size_runs_on_onnxrt():
     """Split into pieces of a symbolic size, the exporter's SplitToSequence failed
     in onnxscript's constant folding, and the whole region fell back to eager."""
-    compiled = torch.compile(_chunks, backend="auto", dynamic=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FallbackWarning)
-        for width in (24, 25, 26, 4, 31):  # pieces of 8, 9, 9, 2 (two pieces), 11
-            x = torch.randn(2, 3, width)
-            torch.testing.assert_close(compiled(x), _chunks(x))
+    # Pieces of 8, 9, 9, 2 (two pieces), 11.
+    _matches_eager_without_fallback(_chunks, [(2, 3, width) for width in (24, 25, 26, 4, 31)])
     explained = dispatch.explain(_chunks, torch.randn(2, 5, 25), dynamic=True)
     assert [r.route for r in explained.regions] == ["onnxrt"]
 
@@ -137,12 +139,7 @@ def test_chunk_of_a_symbolic_size_runs_on_onnxrt():
 def test_a_region_whose_size_no_tensor_carries_is_planned_off_onnxrt():
     """A size that reaches a region only as an integer cannot reach ONNX Runtime:
     the plan keeps that region off onnxrt instead of failing it at compile."""
-    compiled = torch.compile(_nearest_by_half_again, backend="auto", dynamic=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FallbackWarning)
-        for shape in [(2, 3, 8, 8), (2, 3, 11, 7), (1, 2, 5, 9)]:
-            x = torch.randn(shape)
-            torch.testing.assert_close(compiled(x), _nearest_by_half_again(x))
+    _matches_eager_without_fallback(_nearest_by_half_again, [(2, 3, 8, 8), (2, 3, 11, 7), (1, 2, 5, 9)])
     regions = dispatch.explain(_nearest_by_half_again, torch.randn(2, 3, 9, 9), dynamic=True).regions
     assert all(r.planned_route is None for r in regions)  # no route failed
     assert any("is no dimension of a tensor input" in r.rejected.get("onnxrt", "") for r in regions)
@@ -157,12 +154,7 @@ def _causal_attention(x):
 def test_attention_scaled_by_a_symbolic_size_runs_on_onnxrt():
     """With every size dynamic, attention's scale ``1 / sqrt(E)`` is a symbolic float,
     which torchlib's ``mul.Scalar`` refused: the region fell back to eager."""
-    compiled = torch.compile(_causal_attention, backend="auto", dynamic=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FallbackWarning)
-        for shape in [(2, 7, 16), (1, 13, 16), (3, 5, 8), (2, 22, 32)]:
-            x = torch.randn(shape)
-            torch.testing.assert_close(compiled(x), _causal_attention(x))
+    _matches_eager_without_fallback(_causal_attention, [(2, 7, 16), (1, 13, 16), (3, 5, 8), (2, 22, 32)])
     regions = dispatch.explain(_causal_attention, torch.randn(2, 7, 16), dynamic=True).regions
     assert [r.route for r in regions] == ["onnxrt"]
 
@@ -176,12 +168,7 @@ def _adaptive_max(x):
 def test_adaptive_max_pooling_of_uneven_windows_is_planned_off_onnxrt(dynamic):
     """The exporter writes adaptive max pooling as one MaxPool window size; at 10x10
     to 3x3 the export failed and the region fell back to eager with a warning."""
-    compiled = torch.compile(_adaptive_max, backend="auto", dynamic=dynamic)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FallbackWarning)
-        for shape in [(2, 3, 10, 10), (2, 3, 9, 9), (2, 3, 11, 7)]:
-            x = torch.randn(shape)
-            torch.testing.assert_close(compiled(x), _adaptive_max(x))
+    _matches_eager_without_fallback(_adaptive_max, [(2, 3, 10, 10), (2, 3, 9, 9), (2, 3, 11, 7)], dynamic)
     # Static sizes from here (a size Dynamo saw change is symbolic, never known to divide).
     torch._dynamo.reset()
     uneven = dispatch.explain(_adaptive_max, torch.randn(2, 3, 10, 10)).regions

@@ -91,8 +91,6 @@ def test_plain_inductors_entry_and_other_settings_never_serve_auto(own_inductor_
 
 
 def test_an_entry_without_our_plans_is_compiled_again_and_planned(own_inductor_cache, inner_calls, tmp_path):
-    import os
-
     torch.manual_seed(0)
     model, x = MLP(depth=1), torch.randn(4, 16)
     cold, _ = _step(model, x)
