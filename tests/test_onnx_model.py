@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import dispatch
 from dispatch.routes.onnx_model import EXTERNAL_MIN_BYTES, OnnxModel
 from dispatch.stitch import FallbackWarning
 
@@ -63,6 +64,30 @@ def test_gelu_exports_as_one_onnx_gelu_not_an_erf_chain():
     model = export_region(gm, [torch.randn(4, 8)])
     ops = [n.op_type for n in onnx.load_from_string(model.graph).graph.node]
     assert "Gelu" in ops and "Erf" not in ops, ops
+
+
+def test_region_inputs_are_named_apart_from_every_name_the_export_gives_its_nodes():
+    """A region's placeholders carried the names of the parent graph's nodes
+    (``convert_element_type_default_1``, a symbolic float made a tensor). Under
+    ``dynamic=True`` the export named one of its own casts the same, and the ONNX
+    graph had a value that was both an input and a node's output: Mistral's and
+    Llama's (with an attention mask) ORT regions fell back to eager."""
+    import onnx
+
+    from dispatch.routes.onnx_export import export_region
+
+    gm = torch.fx.symbolic_trace(lambda x, scale: (x.mean(-1, keepdim=True) + scale).rsqrt() * x)
+    for placeholder, name in zip(
+        gm.graph.find_nodes(op="placeholder"), ["mean", "convert_element_type_default"]
+    ):
+        placeholder.target = name
+        placeholder._rename(name)
+    gm.recompile()
+    model = export_region(gm, [torch.randn(2, 8), torch.tensor(1e-6)])
+    graph = onnx.load_from_string(model.graph).graph
+    assert [i.name for i in graph.input] == ["region_input_0", "region_input_1"]
+    produced = {o for n in graph.node for o in n.output}
+    assert not produced & {i.name for i in graph.input}
 
 
 @pytest.mark.parametrize(("default", "expected"), [(18, 20), (20, 20), (21, 21)])
@@ -427,3 +452,61 @@ def test_standardised_weights_run_with_their_convolutions_on_onnx_runtime(dtype)
         assert_as_close_as_eager(compiled(x))
     model[0].gain.mul_(2)  # baked in, and seen to change
     assert_as_close_as_eager(compiled(x))
+
+
+class _TokensByExpert(torch.nn.Module):
+    """Groups tokens by the expert each is routed to, as sort-based
+    mixture-of-experts layers do: many tokens share an expert id."""
+
+    def __init__(self, stable: bool) -> None:
+        super().__init__()
+        self.router = torch.nn.Linear(16, 4)
+        self.stable = stable
+
+    def forward(self, x):
+        experts = self.router(x).argmax(-1)
+        order = torch.sort(experts, stable=self.stable).indices
+        return x[order] * 2 + 1, order
+
+
+@pytest.mark.parametrize("stable", [False, True])
+@torch.no_grad()
+def test_a_sort_with_ties_runs_on_onnx_runtime_in_its_stable_order(stable):
+    """ONNX Runtime orders equal values by index (a stable sort). torch's unstable
+    sort ordered them otherwise: the first-call check refused the region, and a
+    mixture-of-experts model ran its layers eagerly. The stable overload had no
+    ONNX translation at all."""
+    model, x = _TokensByExpert(stable).eval(), torch.randn(64, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        rows, order = torch.compile(model, backend="auto")(x)
+    assert {r.route for r in dispatch.explain(model, x).regions} == {"onnxrt"}
+    expected = torch.sort(model.router(x).argmax(-1), stable=True).indices
+    assert torch.equal(order, expected)
+    torch.testing.assert_close(rows, x[expected] * 2 + 1)
+
+
+class _SortedMask(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.score = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        order = torch.sort(self.score(x) > 0, dim=0, descending=True).indices
+        return x[order[:, 0]] * 2 + 1
+
+
+@torch.no_grad()
+def test_a_sort_of_a_bool_tensor_is_left_to_torch_at_plan_time():
+    """ONNX Runtime's TopK takes no bool tensor: the session failed to load and
+    the whole region around the sort fell back to eager, with a warning."""
+    model, x = _SortedMask().eval(), torch.randn(32, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        got = torch.compile(model, backend="auto")(x)
+    torch.testing.assert_close(got, model(x))
+    regions = dispatch.explain(model, x).regions
+    (sort,) = [r for r in regions if "aten.sort.default" in r.ops]
+    assert sort.route == "eager"
+    assert "takes no bool input" in sort.rejected["onnxrt"]
+    assert any(r.route == "onnxrt" and "aten.addmm.default" in r.ops for r in regions)

@@ -58,9 +58,15 @@ def export_region(
             node.replace_all_uses_with(constant)
             graph.erase_node(node)
         elif isinstance(value, torch.Tensor):
+            # The parent graph named the placeholder after the node that feeds it
+            # (``convert_element_type_default_1``); the export's decompositions
+            # can name one of their own nodes the same, and the ONNX graph then
+            # has a value that is both an input and an output: the export failed.
+            node._rename(f"region_input_{i}")
+            node.target = node.name
             args.append(value)
             dynamic.append(_dynamic_axes(node))
-            positions[node.name] = positions[str(node.target)] = i
+            positions[node.name] = i
     _sizes_from_tensors(graph)
     rewrite_for_onnx(graph)
     module = torch.fx.GraphModule(root, graph)

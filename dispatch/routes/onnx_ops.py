@@ -69,8 +69,14 @@ def translatable(target: object) -> bool:
     """True where ``torch.onnx.export`` can turn the aten op ``target`` into ONNX."""
     if not isinstance(target, torch._ops.OpOverload):
         return False
+    if target.name() in _REWRITTEN_FOR_EXPORT:
+        return True
     cache = current_cache()
     return target.name() in _translatable_names(cache.root if cache else None)
+
+
+# Ops torchlib cannot translate that ``onnx_rewrites.py`` turns into ones it can.
+_REWRITTEN_FOR_EXPORT = frozenset({"aten::sort.stable"})
 
 
 @functools.cache
@@ -144,6 +150,11 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
             f"{target} whose output size does not divide its input size: the ONNX exporter "
             "translates adaptive max pooling into windows of one size only"
         )
+    if target in _TOPK_SORTS and getattr(tensor_value(source), "dtype", None) is torch.bool:
+        # Exported, the session failed to load and the whole region fell back.
+        return (
+            f"{target} of a bool tensor: ONNX Runtime's TopK, which the sort exports as, takes no bool input"
+        )
     if target in _ANTIALIASED and isinstance(source, torch.fx.Node) and is_symbolic(source):
         # Static, the first-call check settles it; one export for every size is checked at one.
         return (
@@ -152,6 +163,10 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
         )
     return None
 
+
+# ``torch.sort(x, stable=False)`` traces as the stable overload with ``stable=False``.
+SORTS = frozenset({torch.ops.aten.sort.default, torch.ops.aten.sort.stable})
+_TOPK_SORTS = SORTS | {torch.ops.aten.topk.default}  # what torchlib exports as ONNX TopK
 
 _ADAPTIVE_MAX_POOLS = frozenset(
     {

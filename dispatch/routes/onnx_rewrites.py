@@ -11,7 +11,7 @@ import torch
 import torch.fx
 
 from ..inspect import META_VAL, tensor_value
-from .onnx_ops import arguments_by_name
+from .onnx_ops import SORTS, arguments_by_name
 
 
 def rewrite_for_onnx(graph: torch.fx.Graph) -> None:
@@ -25,6 +25,7 @@ def rewrite_for_onnx(graph: torch.fx.Graph) -> None:
     _clamps_as_max_or_min(graph)
     _reductions_over_every_dim_name_them(graph)
     _symbolic_scalars_as_tensors(graph)
+    _stable_sorts_as_topk(graph)
 
 
 # Advanced indexing exports as GatherND / ScatterND, which take int64 indices only.
@@ -159,6 +160,41 @@ def _symbolic_scalars_as_tensors(graph: torch.fx.Graph) -> None:
         made.meta[META_VAL] = torch.empty((), dtype=value.dtype)
         node.target = overload
         node.args = (node.args[0], made, *node.args[2:])
+
+
+def _stable_sorts_as_topk(graph: torch.fx.Graph) -> None:
+    """``sort(stable=True)`` exports as the plain ``sort``, which torchlib turns
+    into ONNX ``TopK``: TopK puts equal values in the order of their indices,
+    the stable order. torchlib has no translation of the stable overload."""
+    for node in graph.find_nodes(op="call_function", target=torch.ops.aten.sort.stable):
+        args = arguments_by_name(node)
+        if not args:
+            continue
+        node.target = torch.ops.aten.sort.default
+        node.args = (node.args[0], args["dim"], args["descending"])
+        node.kwargs = {}
+
+
+def sorts_in_onnx_runtime_order(gm: torch.fx.GraphModule) -> None:
+    """Every ``sort`` of the region ``gm`` made stable, in place: the order ONNX
+    Runtime's TopK gives equal values, and one of those an unstable sort may give.
+    The region's torch form (its first-call check, the calls torch runs for it)
+    then orders ties as its session does. Sorting a mixture-of-experts router's
+    expert ids, torch's unstable order and ORT's differed, the check refused the
+    region, and the whole model around it ran eagerly."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in SORTS:
+            continue
+        args = arguments_by_name(node)
+        if not args or args.get("stable"):
+            continue
+        node.target = torch.ops.aten.sort.stable
+        node.args = (node.args[0],)
+        node.kwargs = {"stable": True, "dim": args["dim"], "descending": args["descending"]}
+        changed = True
+    if changed:
+        gm.recompile()
 
 
 def _cast_before(graph: torch.fx.Graph, node: torch.fx.Node, value: Any, dtype: torch.dtype) -> torch.fx.Node:

@@ -48,6 +48,7 @@ from .onnx_model import OnnxModel
 from .onnx_on_torch import TorchWhereNaN, refusing_other_shapes, run_by_torch
 from .onnx_ops import export_opset, not_as_in_torch, translatable
 from .onnx_outputs import checked_against_torch, in_traced_layout, output_values
+from .onnx_rewrites import sorts_in_onnx_runtime_order
 from .onnx_threads import ONE, POOL, TRIAL, ThreadCountTrial, thread_plan
 from .registry import registry
 
@@ -129,6 +130,7 @@ class OnnxRoute(Route):
         return size_without_tensor(nodes)
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+        sorts_in_onnx_runtime_order(gm)
         weights = marked_static_positions(gm)
         region = BakedRegion(
             example_inputs,
@@ -143,6 +145,7 @@ class OnnxRoute(Route):
         initializers (the payload of ``OnnxModel.parts``: graph, then raw arrays)."""
         gm, args = region.gm, region.example_inputs
         assert args is not None, "preprocess needs the region's real inputs"
+        sorts_in_onnx_runtime_order(gm)
         frozen = frozenset(marked_static_positions(gm))
         model = _cached_export(gm, args, frozen)
         threads = thread_plan(gm, args)
@@ -159,6 +162,7 @@ class OnnxRoute(Route):
 
     def load(self, processed_bytes: bytes, region: RegionProgram, specs: Mapping[str, Any]) -> CompiledFn:
         model = OnnxModel.from_payload(processed_bytes)
+        sorts_in_onnx_runtime_order(region.gm)
         count = len(output_values(region.gm))
         device = torch.device(specs["device"])
         threads = str(specs.get("threads") or (ONE if specs["small"] else POOL))
