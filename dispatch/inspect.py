@@ -20,6 +20,8 @@ META_EXAMPLE_VALUE = "example_value"  # the same, on the graphs Dynamo hands a b
 META_STATIC = "dispatch_static"  # ours: a placeholder fed by a parameter or buffer
 META_PATTERN = "dispatch_pattern"  # ours: the kernels/ pattern instance a node belongs to
 META_PATTERN_REFUSED = "dispatch_pattern_refused"  # ours: why a kernels/ pattern at a node was refused
+# ours, on a region's GraphModule: other routes' regions run in the same graph
+META_BESIDE_OTHER_ROUTES = "dispatch_beside_other_routes"
 
 GRAPH_INFERENCE = "inference"
 GRAPH_FORWARD = "forward"

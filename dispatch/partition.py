@@ -20,7 +20,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import create_op_support
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from .inspect import META_STATIC, META_VAL, is_view_op, op_name
+from .inspect import META_BESIDE_OTHER_ROUTES, META_STATIC, META_VAL, is_view_op, op_name
 from .region import LOWER_PRIORITY, Region
 from .routes.registry import registry
 
@@ -58,6 +58,9 @@ def form_regions(
             kept = []
             floor = registry.get(route).min_region_size or min_region_size
             for partition in partitions:
+                _leave_views_of_inputs(partition.nodes, by_name, route)
+                if not partition.nodes:
+                    continue
                 reason = None if route == "eager" else _refusal(partition.nodes, route, floor)
                 if reason is not None and _demote(partition.nodes, by_name, route, reason):
                     continue
@@ -73,6 +76,9 @@ def form_regions(
             regions += [replace(region, name=f"{prefix}{i}") for i, region in enumerate(described)]
     gm.recompile()
     _annotate_placeholders(gm, {r.name for r in regions})
+    for region in regions:  # a region of views only (one returned to the caller) runs no ops
+        beside = any(other.route != region.route and other.node_count for other in regions)
+        getattr(gm, region.name).meta[META_BESIDE_OTHER_ROUTES] = beside
     called = {node.target: i for i, node in enumerate(gm.graph.find_nodes(op="call_module"))}
     return sorted(regions, key=lambda r: called[r.name])
 
@@ -110,6 +116,30 @@ def _refusal(nodes: Collection[torch.fx.Node], route: str, min_size: int) -> str
     if size < min_size:
         return f"region of {size} op(s) is below min_region_size={min_size}"
     return registry.get(route).region_reason(nodes)
+
+
+def _leave_views_of_inputs(nodes: dict[torch.fx.Node, object], choices: dict, route: str) -> None:
+    """Take out of a partition of a route that copies its outputs (``keeps_aliases``
+    False) the views of its inputs that only other regions read: torch takes such a
+    view for free, the route would compute and copy it on every call. A mixture-of-
+    experts layer's transposed expert weights, read by the eager op between two ONNX
+    Runtime regions, were copied twice per call (out of ORT, then into their strides).
+    No path leaves a partition and comes back, so what is taken out forms no cycle."""
+    if registry.get(route).keeps_aliases:
+        return
+    views = {n for n in nodes if is_view_op(n)}
+    changed = True
+    while changed:
+        changed = False
+        for n in list(views):
+            linked = [*n.all_input_nodes, *n.users]
+            if any(m in nodes and m not in views for m in linked):
+                views.discard(n)
+                changed = True
+    reason = f"a view of its region's inputs read only outside it: torch takes it without a copy, {route} copies it"
+    if views and _demote(views, choices, route, reason):
+        for n in views:
+            del nodes[n]
 
 
 def _demote(nodes: Iterable[torch.fx.Node], choices: dict, route: str, reason: str) -> bool:

@@ -31,6 +31,17 @@ def _backward(ctx, grad):
 scaled_tanh.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op("dispatch_tests::matmul_outside_onnx", mutates_args=())
+def matmul_outside_onnx(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A user matmul no exporter knows, as transformers' grouped expert matmul is."""
+    return x @ w
+
+
+@matmul_outside_onnx.register_fake
+def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], w.shape[1])
+
+
 @dataclasses.dataclass
 class Scores:
     """A model output type of the user's (as transformers' ModelOutput is), which

@@ -1,13 +1,16 @@
 """Routing decisions through dispatch.plan, on real and fake (cuda, mps) inputs."""
 
+import warnings
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import dispatch
 from dispatch.region import GraphPlan
+from dispatch.stitch import FallbackWarning
 from tests.conftest import fake_inputs, on_fake_device
-from tests.models import MLP, CustomOpMLP, SpectralFilter, scaled_tanh
+from tests.models import MLP, CustomOpMLP, SpectralFilter, matmul_outside_onnx, scaled_tanh
 
 
 def fake_plan(model, device, *shapes, dtype=torch.float32, **options):
@@ -361,3 +364,33 @@ def test_float64_stays_off_onnxrt():
     assert all("float64" in r.rejected["onnxrt"] for r in plan.regions)
     mixed = fake_plan(MLP(), "cpu", (4, 16))  # float32 beside it: unchanged
     assert [r.route for r in mixed.regions] == ["onnxrt"]
+
+
+class _ExpertMatmul(torch.nn.Module):
+    """An ONNX Runtime region that hands a transposed weight to an op that only
+    eager runs, as a mixture-of-experts layer hands its expert weights over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(16, 32)
+        self.down = torch.nn.Parameter(torch.randn(16, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.silu(self.up(x)) * 2
+        return matmul_outside_onnx(h, self.down.t()) + 1
+
+
+def test_a_view_of_a_weight_that_only_eager_reads_stays_with_torch():
+    """ONNX Runtime took the transposed weight into its region: it computed the
+    transpose and copied it back into torch's strides on every call (two copies of
+    each expert weight per call in Mixtral, which ran slower than eager)."""
+    plan = fake_plan(_ExpertMatmul(), "cpu", (4, 16))
+    onnx, eager = plan.regions
+    assert (onnx.route, eager.route) == ("onnxrt", "eager")
+    assert "aten.silu.default" in onnx.ops
+    assert eager.ops[:2] == ("aten.t.default", "dispatch_tests.matmul_outside_onnx.default")
+    assert "a view of its region's inputs read only outside it" in eager.rejected["onnxrt"]
+    model, x = _ExpertMatmul().eval(), torch.randn(4, 16)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x))
