@@ -2,7 +2,7 @@
 
 import torch
 
-from benchmarks.accuracy import accurate
+from benchmarks.accuracy import accurate, fp64_truth
 
 
 def _runs(dtype):
@@ -77,3 +77,18 @@ def test_the_bench_fails_a_peer_that_computes_an_fp32_model_in_bfloat16():
     error = accuracy_error(bf16, fp32, fp64)
     assert error is not None and error.startswith("accuracy: max error")
     assert accuracy_error(fp32.clone(), fp32, fp64) is None
+
+
+def test_a_model_with_no_float64_run_is_judged_by_cosine_similarity():
+    """transformers' mixture-of-experts layers call ``torch._grouped_mm``, which has
+    no float64 kernel: the zoo's fp64 truth raised and failed every column, eager
+    included. The dashboard's fallback is cosine similarity with eager."""
+    _, _, fp32 = _runs(torch.float32)
+
+    def no_double():
+        raise RuntimeError("Expected mat_a to be Float32, BFloat16 or Float16 matrix, got Double")
+
+    truth = fp64_truth(no_double)
+    assert truth is None
+    assert accurate(fp32, truth, fp32 + 1e-6, torch.float32)
+    assert not accurate(fp32, truth, torch.flip(fp32, [0]), torch.float32)

@@ -254,6 +254,19 @@ ZOO: dict[str, ZooModel] = {
             _hf("LlamaModel", "LlamaConfig", _tokens, **_TEXT_FFN, num_key_value_heads=2),
         ),
         ZooModel(
+            "hf_mixtral",  # mixture of experts: a top-k router, a sort of expert ids, grouped matmuls
+            "transformers",
+            _hf(
+                "MixtralModel",
+                "MixtralConfig",
+                _tokens,
+                **_TEXT_FFN,
+                num_key_value_heads=2,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+            ),
+        ),
+        ZooModel(
             "hf_t5",
             "transformers",
             _hf(

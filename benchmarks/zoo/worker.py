@@ -28,7 +28,7 @@ import torch
 
 from dispatch.record import recorder
 
-from ..accuracy import accurate, floating_leaves
+from ..accuracy import accurate, floating_leaves, fp64_truth
 from . import columns
 from .wider import EVERY_MODEL
 
@@ -86,10 +86,12 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
     try:
         with redirect_stdout(io.StringIO()):  # models that print
             if mode == "train":
-                ref64 = _gradients(
-                    copy.deepcopy(model).double(),
-                    tuple(t.double() if t.is_floating_point() else t for t in inputs),
-                    "eager",
+                ref64 = fp64_truth(
+                    lambda: _gradients(
+                        copy.deepcopy(model).double(),
+                        tuple(t.double() if t.is_floating_point() else t for t in inputs),
+                        "eager",
+                    )
                 )
                 model, inputs = _moved(model, inputs, device, dtype)
                 ref_grads = _gradients(copy.deepcopy(model), inputs, "eager")
@@ -103,8 +105,10 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
             else:
                 with torch.no_grad():
                     model.eval()
-                    fp64 = copy.deepcopy(model).double()(
-                        *(t.double() if t.is_floating_point() else t for t in inputs)
+                    fp64 = fp64_truth(
+                        lambda: copy.deepcopy(model).double()(
+                            *(t.double() if t.is_floating_point() else t for t in inputs)
+                        )
                     )
                     model, inputs = _moved(model, inputs, device, dtype)
                     reference = copy.deepcopy(model)(*_fresh(inputs))
