@@ -6,13 +6,21 @@ torch's OpenMP team, each waking and spinning on the same cores), and that
 cost is invisible to a region timed alone: on the custom-op benchmark model the
 regions' winners together ran 1.33x slower than eager. So after the regions
 have decided, the whole graph is timed as routed and all on eager, and the
-faster wins. The decision is cached like the regions' own.
+faster wins.
+
+A graph cut by eager work between ONNX Runtime regions (an op no exporter
+knows: a mixture-of-experts layer's grouped matmuls) is timed whole by default,
+without autotune: as routed, all on eager, and with its ORT regions on
+inductor, whose kernels share torch's threads with the eager ops between them.
+On Mixtral the ORT regions ran 2x slower in place than alone, and the graph
+1.4x slower than inductor's. The decision is cached like the regions' own.
 """
 
 from __future__ import annotations
 
+import operator
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch.utils._python_dispatch import _disable_current_modes
@@ -20,49 +28,92 @@ from torch.utils._python_dispatch import _disable_current_modes
 from . import autotune
 from .cache import ArtifactCache, region_key
 from .config import Config
-from .stitch import COMPILE_LOCK, StitchedGraph
+from .inspect import is_view_op
+from .planner import availability
+from .routes import CompiledFn, registry
+from .stitch import COMPILE_LOCK, RegionRunner, StitchedGraph
 
 AS_ROUTED = "as routed"
 ALL_EAGER = "all eager"
+ON_INDUCTOR = "regions on inductor"  # the regions of routes that cut inductor's graph
 WHOLE_GRAPH = "whole graph"  # the key of this measurement in each region's ``measured``
+# A cut graph that runs as routed in under this share of its eager time keeps its
+# routes without compiling inductor (seconds per region, cold).
+ONNX_PAYS = 0.8
+_CUTTING_ROUTE = "onnxrt"  # runs on threads of its own: its regions contend with the eager ones
+
+
+def is_cut(stitched: StitchedGraph, config: Config) -> bool:
+    """True where ONNX Runtime regions share a graph with eager regions that compute
+    (not only views) and inductor may stand in for them."""
+    routes = {r.chain[0] for r in stitched.runners}
+    if _CUTTING_ROUTE not in routes or not config.allows("inductor"):
+        return False
+    if not availability(registry.get("inductor")).ok:
+        return False
+    return any(r.chain[0] == "eager" and _computes(r) for r in stitched.runners)
+
+
+def _onnx_pays(seconds: dict[str, float]) -> bool:
+    """True where the graph as routed ran clearly faster than all on eager: its ORT
+    regions pay despite the cuts, and inductor is not compiled to find out (on the
+    custom-op benchmark model ORT ran in 0.56 of eager's time, inductor in 0.99)."""
+    return (
+        AS_ROUTED in seconds and ALL_EAGER in seconds and seconds[AS_ROUTED] < ONNX_PAYS * seconds[ALL_EAGER]
+    )
+
+
+def _computes(runner: RegionRunner) -> bool:
+    nodes = runner.gm.graph.nodes
+    return any(
+        n.op == "call_function" and n.target is not operator.getitem and not is_view_op(n) for n in nodes
+    )
 
 
 class WholeGraphCheck:
-    """A stitched inference graph of several regions, under autotune.
+    """A stitched inference graph of several regions, timed whole on its first call.
 
     Its first call runs the graph (each region measures and compiles), then
-    compares the whole graph as routed with the whole graph on eager, and moves
-    every region to eager where that is faster."""
+    times the whole graph as routed against its rivals (all on eager; for a cut
+    graph, its ORT regions on inductor too) and moves the regions to the
+    fastest."""
 
-    def __init__(self, stitched: StitchedGraph, config: Config) -> None:
+    def __init__(self, stitched: StitchedGraph, config: Config, cut: bool = False) -> None:
         self.forward = stitched.forward
         self.runners = stitched.runners
         self.cache = ArtifactCache(config.cache_dir)
         self.gm = stitched.gm
-        self.pending = config.allows("eager")
+        self.autotune = config.autotune
+        self.rivals = [ALL_EAGER] if config.allows("eager") else []
+        if cut:
+            self.rivals.append(ON_INDUCTOR)
+        self.pending = bool(self.rivals)
         self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
         if not self.pending:
             return self.forward(*args)
         with self._lock:
-            if self.pending and all(r.read_decision() for r in self.runners):
+            if self.pending and (not self.autotune or all(r.read_decision() for r in self.runners)):
                 # Every region's order is cached: a warm start. Take the cached
                 # whole-graph decision before the regions compile, so that a
-                # route it moves to eager is never compiled (an Inductor region
-                # costs seconds).
+                # route it moves away from is never compiled (an Inductor region
+                # costs seconds, an ORT export as much).
                 decision = self._cached_decision()
                 if decision is not None:
-                    self._apply(decision)
+                    self._apply(decision, {})
                     self.pending = False
-            out = self.forward(*args)  # the regions measure and compile
-            if self.pending:
-                self._decide(args)
-                self.pending = False
+            if not self.pending:
+                return self.forward(*args)
+            region_args: dict[str, Sequence[Any]] = {}
+            out = self._recording(region_args, args)  # the regions measure and compile
+            self._decide(args, region_args)
+            self.pending = False
             return out
 
     def _key(self) -> str:
-        return region_key(self.gm, *(region_key(r.gm, tuple(r.chain)) for r in self.runners))
+        parts = (region_key(r.gm, tuple(r.chain)) for r in self.runners)
+        return region_key(self.gm, *parts, *self.rivals)
 
     def _routed(self) -> bool:
         return any(r.chain[0] != "eager" for r in self.runners)
@@ -70,31 +121,86 @@ class WholeGraphCheck:
     def _cached_decision(self) -> dict[str, Any] | None:
         return self.cache.get_json("whole-graph", self._key()) if self._routed() else None
 
-    def _decide(self, args: Sequence[Any]) -> None:
-        if not self._routed():
-            return
-        decision = self._cached_decision()
-        if decision is None:
-            with _disable_current_modes(), COMPILE_LOCK:
-                seconds = autotune.median_call_s({AS_ROUTED: self.forward, ALL_EAGER: self._all_eager}, args)
-            decision = {name: autotune.format_seconds(s) for name, s in seconds.items()}
-            decision["eager wins"] = seconds[ALL_EAGER] < seconds[AS_ROUTED]
-            self.cache.put_json("whole-graph", self._key(), decision)
-        self._apply(decision)
+    def _recording(self, region_args: dict[str, Sequence[Any]], args: Sequence[Any]) -> Any:
+        """The graph's call, with each region's inputs kept in ``region_args``."""
 
-    def _apply(self, decision: dict[str, Any]) -> None:
-        line = f"{AS_ROUTED} {decision[AS_ROUTED]}, {ALL_EAGER} {decision[ALL_EAGER]}"
+        def recorder(runner: RegionRunner) -> Callable[..., Any]:
+            def call(*inputs: Any) -> Any:
+                region_args[runner.plan.name] = inputs
+                return runner(*inputs)
+
+            return call
+
         for runner in self.runners:
-            runner.run.measured[WHOLE_GRAPH] = line
-        if decision["eager wins"]:
-            for runner in self.runners:
-                if runner.chain[0] != "eager":
-                    runner.run_eager(f"slower as a whole graph by measurement: {line}")
-
-    def _all_eager(self, *args: Any) -> Any:
-        chosen = [r.swap(r.gm.forward) for r in self.runners]
+            setattr(self.gm, runner.plan.name, recorder(runner))
         try:
             return self.forward(*args)
         finally:
-            for r, fn in zip(self.runners, chosen):
-                r.swap(fn)
+            for runner in self.runners:
+                setattr(self.gm, runner.plan.name, runner)
+
+    def _decide(self, args: Sequence[Any], region_args: dict[str, Sequence[Any]]) -> None:
+        if not self._routed():
+            return
+        decision = self._cached_decision()
+        compiled: dict[str, CompiledFn] = {}
+        if decision is None:
+            candidates = {AS_ROUTED: self.forward}
+            seconds: dict[str, float] = {}
+            if ALL_EAGER in self.rivals:
+                candidates[ALL_EAGER] = self._swapped({r.plan.name: r.gm.forward for r in self.runners})
+                seconds = self._timed(candidates, args)
+            if ON_INDUCTOR in self.rivals and not _onnx_pays(seconds):
+                compiled = self._on_inductor(region_args)
+                if compiled:
+                    candidates[ON_INDUCTOR] = self._swapped(compiled)
+                    seconds = self._timed(candidates, args)
+            seconds = seconds or self._timed(candidates, args)
+            decision = {name: autotune.format_seconds(s) for name, s in seconds.items()}
+            decision["winner"] = min(seconds, key=lambda name: seconds[name])
+            self.cache.put_json("whole-graph", self._key(), decision)
+        self._apply(decision, compiled)
+
+    def _timed(self, candidates: dict[str, CompiledFn], args: Sequence[Any]) -> dict[str, float]:
+        with _disable_current_modes(), COMPILE_LOCK:
+            return autotune.median_call_s(candidates, args)
+
+    def _on_inductor(self, region_args: dict[str, Sequence[Any]]) -> dict[str, CompiledFn]:
+        """Each ORT region compiled by inductor and checked against torch; empty
+        where one fails (the candidate is then not timed)."""
+        compiled = {}
+        for runner in self.runners:
+            if runner.chain[0] != _CUTTING_ROUTE:
+                continue
+            inputs = region_args.get(runner.plan.name)
+            fn = None if inputs is None else runner.candidate("inductor", inputs)
+            if fn is None:
+                return {}
+            compiled[runner.plan.name] = fn
+        return compiled
+
+    def _apply(self, decision: dict[str, Any], compiled: dict[str, CompiledFn]) -> None:
+        line = ", ".join(f"{name} {decision[name]}" for name in (AS_ROUTED, *self.rivals) if name in decision)
+        for runner in self.runners:
+            runner.run.measured[WHOLE_GRAPH] = line
+        winner = decision["winner"]
+        reason = f"slower as a whole graph by measurement: {line}"
+        for runner in self.runners:
+            if winner == ALL_EAGER and runner.chain[0] != "eager":
+                runner.run_eager(reason)
+            elif winner == ON_INDUCTOR and runner.chain[0] == _CUTTING_ROUTE:
+                runner.run_on("inductor", reason, compiled.get(runner.plan.name))
+
+    def _swapped(self, fns: dict[str, CompiledFn]) -> CompiledFn:
+        """The graph's call with the regions named in ``fns`` run by those functions."""
+
+        def call(*args: Any) -> Any:
+            chosen = {r.plan.name: r.swap(fns[r.plan.name]) for r in self.runners if r.plan.name in fns}
+            try:
+                return self.forward(*args)
+            finally:
+                for r in self.runners:
+                    if r.plan.name in chosen:
+                        r.swap(chosen[r.plan.name])
+
+        return call

@@ -223,7 +223,7 @@ def region_table(regions: Sequence[Region]) -> str:
         if r.measured
     ]
     if measured:
-        lines += ["", "Measured (autotune):", *measured]
+        lines += ["", "Measured:", *measured]
     return "\n".join(lines)
 
 

@@ -253,10 +253,27 @@ class RegionRunner:
 
     def run_eager(self, reason: str) -> None:
         """Move this region to eager for good; ``reason`` says why its route lost."""
+        self.run_on("eager", reason, self.gm.forward)
+
+    def run_on(self, route: str, reason: str, fn: CompiledFn | None = None) -> None:
+        """Move this region to ``route`` for good (``fn``: its compiled region, or
+        None to compile it on the next call); ``reason`` says why its route lost."""
         with self._lock:
-            self._reorder(["eager"], {self.chain[0]: reason})
+            self._reorder([route], {self.chain[0]: reason})
             self.run.inner_route = None
-            self._fn = self.gm.forward
+            self._fn = fn
+
+    def candidate(self, route: str, args: Sequence[Any]) -> CompiledFn | None:
+        """This region compiled by ``route`` and checked against torch on ``args``;
+        None, with the reason in ``measured``, where either fails."""
+        try:
+            with using(self.cache), _disable_current_modes(), COMPILE_LOCK:
+                fn = self._compile(route, args)
+                check_close(self.gm(*args), fn(*args))
+        except Exception as error:  # a failing candidate loses; it never breaks the region
+            self.run.measured[route] = f"not measured: {error_line(error)}"
+            return None
+        return fn
 
     def _after_failure(self, failed: CompiledFn, error: Exception, args: Sequence[Any]) -> Any:
         """This call's result from torch, the route dropped; or, where torch refuses

@@ -58,9 +58,10 @@ def test_custom_op_runs_eager_between_onnxrt_regions():
     model = CustomOpMLP().eval()
     x = torch.randn(8, 16)
     explanation = dispatch.explain(model, x)
-    routes = [r.route for r in explanation.regions]
+    # planned: timed whole, the graph may run on other routes (tests/test_cut_graphs.py)
+    routes = [r.planned_route or r.route for r in explanation.regions]
     assert sorted(routes) == ["eager", "onnxrt", "onnxrt"]
-    (eager,) = [r for r in explanation.regions if r.route == "eager"]
+    (eager,) = [r for r in explanation.regions if r.planned_route is None and r.route == "eager"]
     assert eager.ops == ("dispatch_tests.scaled_tanh.default",)
     compiled = torch.compile(model, backend="auto")
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
@@ -75,8 +76,9 @@ def test_bool_outputs_of_onnxrt_regions_stay_bool():
         return mask, torch.where(mask, torch.ops.dispatch_tests.scaled_tanh(x, 0.5), x * 2)
 
     x = torch.randn(8, 16)
-    assert "onnxrt" in [r.route for r in dispatch.explain(masked, x).regions]
-    mask, out = torch.compile(masked, backend="auto")(x)
+    options = {"routes": ["onnxrt", "eager"]}  # no inductor timed against the cut graph
+    assert "onnxrt" in [r.route for r in dispatch.explain(masked, x, options=options).regions]
+    mask, out = torch.compile(masked, backend="auto", options=options)(x)
     assert mask.dtype == torch.bool
     assert torch.equal(mask, x > 0)
     torch.testing.assert_close(out, masked(x)[1])

@@ -1,0 +1,168 @@
+"""A graph cut by eager work between ONNX Runtime regions is timed whole by
+default: as routed, all on eager, and with its ORT regions on inductor; the
+regions move to the fastest, and a second compile reads the cached decision."""
+
+import pytest
+import torch
+
+import dispatch
+import dispatch.autotune as autotune
+from dispatch.routes import registry
+from tests.models import matmul_outside_onnx
+
+OPTIONS = {"min_region_size": 1}
+INPUT = (torch.randn(8, 16),)
+ON_INDUCTOR = "regions on inductor"
+
+
+class ExpertBetweenOnnx(torch.nn.Module):
+    """Two ORT regions around an op no exporter knows, as in a mixture-of-experts layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.before = torch.nn.Linear(16, 16)
+        self.expert = torch.nn.Parameter(torch.randn(16, 16))
+        self.after = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.before(x)) * 2.0
+        h = matmul_outside_onnx(h, self.expert)
+        return torch.tanh(self.after(h)) - 1.0
+
+
+class ViewBesideOnnx(torch.nn.Module):
+    """One ORT region and a view returned to the caller: the eager region computes nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(self.linear(x)) * 2.0, x.t()
+
+
+@pytest.fixture
+def timed(monkeypatch, request):
+    """Whole-graph candidates timed by a fake clock: milliseconds per candidate
+    from ``param``, 2 ms for the others; returns the candidate sets timed."""
+    ms, seen = request.param, []
+
+    def median_call_s(candidates, args):
+        seen.append(set(candidates))
+        for fn in candidates.values():
+            fn(*args)
+        return {name: ms.get(name, 2.0) * 1e-3 for name in candidates}
+
+    monkeypatch.setattr(autotune, "median_call_s", median_call_s)
+    return seen
+
+
+@pytest.fixture
+def onnx_compiles(monkeypatch):
+    """How many regions the onnxrt route compiled."""
+    route = registry.get("onnxrt")
+    compiled = []
+    original = type(route).compile
+
+    def compile(self, gm, args):
+        compiled.append(gm)
+        return original(self, gm, args)
+
+    monkeypatch.setattr(type(route), "compile", compile)
+    return compiled
+
+
+def _explained(model):
+    with torch.no_grad():
+        return dispatch.explain(model, *INPUT, options=OPTIONS)
+
+
+def _onnx_regions(explanation):
+    return [r for r in explanation.regions if (r.planned_route or r.route) == "onnxrt"]
+
+
+@pytest.mark.parametrize("timed", [{ON_INDUCTOR: 1.0}], indirect=True)
+@torch.no_grad()
+def test_onnx_regions_move_to_inductor_where_the_whole_graph_runs_faster(timed, onnx_compiles):
+    model = ExpertBetweenOnnx().eval()
+    explanation = _explained(model)
+    regions = _onnx_regions(explanation)
+    assert len(regions) == 2
+    for region in regions:
+        assert region.route == "inductor"
+        assert region.rejected["onnxrt"].startswith("slower as a whole graph by measurement")
+    line = "as routed 2.00 ms, all eager 2.00 ms, regions on inductor 1.00 ms"
+    assert all(r.measured["whole graph"] == line for r in explanation.regions)
+    assert timed == [{"as routed", "all eager"}, {"as routed", "all eager", ON_INDUCTOR}]
+
+    onnx_compiles.clear()
+    compiled = torch.compile(model, backend="auto", options=OPTIONS)  # a warm start
+    torch.testing.assert_close(compiled(*INPUT), model(*INPUT))
+    torch.testing.assert_close(compiled(*INPUT), model(*INPUT))
+    assert onnx_compiles == [], "a warm start exported regions the cached decision moved to inductor"
+    assert len(timed) == 2, "the cached whole-graph decision was measured again"
+
+
+@pytest.mark.parametrize("timed", [{"as routed": 1.9, ON_INDUCTOR: 3.0}], indirect=True)
+@torch.no_grad()
+def test_onnx_regions_stay_where_they_run_the_graph_faster(timed):
+    model = ExpertBetweenOnnx().eval()
+    explanation = _explained(model)
+    assert [r.route for r in _onnx_regions(explanation)] == ["onnxrt", "onnxrt"]
+    line = "as routed 1.90 ms, all eager 2.00 ms, regions on inductor 3.00 ms"
+    assert explanation.regions[0].measured["whole graph"] == line
+    compiled = torch.compile(model, backend="auto", options=OPTIONS)
+    torch.testing.assert_close(compiled(*INPUT), model(*INPUT))
+
+
+@pytest.mark.parametrize("timed", [{"as routed": 1.0}], indirect=True)
+@torch.no_grad()
+def test_inductor_is_not_compiled_where_onnx_clearly_pays(timed, monkeypatch):
+    def fail(self, gm, args):
+        raise AssertionError(
+            "inductor compiled where ONNX Runtime already ran the graph in half eager's time"
+        )
+
+    monkeypatch.setattr(type(registry.get("inductor")), "compile", fail)
+    explanation = _explained(ExpertBetweenOnnx().eval())
+    assert timed == [{"as routed", "all eager"}]
+    assert [r.route for r in _onnx_regions(explanation)] == ["onnxrt", "onnxrt"]
+
+
+@pytest.mark.parametrize("timed", [{"all eager": 1.0, ON_INDUCTOR: 1.5}], indirect=True)
+@torch.no_grad()
+def test_a_cut_graph_runs_eagerly_where_that_is_fastest(timed):
+    explanation = _explained(ExpertBetweenOnnx().eval())
+    assert [r.route for r in explanation.regions] == ["eager"] * 3
+
+
+@pytest.mark.parametrize("timed", [{ON_INDUCTOR: 1.0}], indirect=True)
+@torch.no_grad()
+def test_a_failing_inductor_candidate_is_not_timed(timed, monkeypatch):
+    def fail(self, gm, args):
+        raise RuntimeError("inductor exploded")
+
+    monkeypatch.setattr(type(registry.get("inductor")), "compile", fail)
+    explanation = _explained(ExpertBetweenOnnx().eval())
+    assert timed == [{"as routed", "all eager"}], "a failed candidate was timed"
+    regions = _onnx_regions(explanation)
+    assert [r.route for r in regions] == ["onnxrt", "onnxrt"]
+    assert "inductor exploded" in regions[0].measured["inductor"]
+
+
+@pytest.mark.parametrize("timed", [{ON_INDUCTOR: 1.0}], indirect=True)
+@torch.no_grad()
+def test_a_view_beside_onnx_does_not_cut_the_graph(timed):
+    explanation = _explained(ViewBesideOnnx().eval())
+    assert sorted(r.route for r in explanation.regions) == ["eager", "onnxrt"]
+    assert timed == []
+    assert not any(r.measured for r in explanation.regions)
+
+
+@pytest.mark.parametrize("timed", [{ON_INDUCTOR: 1.0}], indirect=True)
+@torch.no_grad()
+def test_a_user_who_disables_inductor_gets_no_inductor_candidate(timed, monkeypatch):
+    monkeypatch.setenv("DISPATCH_DISABLE", "inductor")
+    explanation = _explained(ExpertBetweenOnnx().eval())
+    assert [r.route for r in _onnx_regions(explanation)] == ["onnxrt", "onnxrt"]
+    assert timed == []
