@@ -93,14 +93,14 @@ def test_onnx_regions_move_to_inductor_where_the_whole_graph_runs_faster(timed, 
         assert region.rejected["onnxrt"].startswith("slower as a whole graph by measurement")
     line = "as routed 2.00 ms, all eager 2.00 ms, regions on inductor 1.00 ms"
     assert all(r.measured["whole graph"] == line for r in explanation.regions)
-    assert timed == [{"as routed", "all eager"}, {"as routed", "all eager", ON_INDUCTOR}]
+    assert timed == [{"as routed", "all eager", ON_INDUCTOR}]
 
     onnx_compiles.clear()
     compiled = torch.compile(model, backend="auto", options=OPTIONS)  # a warm start
     torch.testing.assert_close(compiled(*INPUT), model(*INPUT))
     torch.testing.assert_close(compiled(*INPUT), model(*INPUT))
     assert onnx_compiles == [], "a warm start exported regions the cached decision moved to inductor"
-    assert len(timed) == 2, "the cached whole-graph decision was measured again"
+    assert len(timed) == 1, "the cached whole-graph decision was measured again"
 
 
 @pytest.mark.parametrize("timed", [{"as routed": 1.9, ON_INDUCTOR: 3.0}], indirect=True)
@@ -113,20 +113,6 @@ def test_onnx_regions_stay_where_they_run_the_graph_faster(timed):
     assert explanation.regions[0].measured["whole graph"] == line
     compiled = torch.compile(model, backend="auto", options=OPTIONS)
     torch.testing.assert_close(compiled(*INPUT), model(*INPUT))
-
-
-@pytest.mark.parametrize("timed", [{"as routed": 1.0}], indirect=True)
-@torch.no_grad()
-def test_inductor_is_not_compiled_where_onnx_clearly_pays(timed, monkeypatch):
-    def fail(self, gm, args):
-        raise AssertionError(
-            "inductor compiled where ONNX Runtime already ran the graph in half eager's time"
-        )
-
-    monkeypatch.setattr(type(registry.get("inductor")), "compile", fail)
-    explanation = _explained(ExpertBetweenOnnx().eval())
-    assert timed == [{"as routed", "all eager"}]
-    assert [r.route for r in _onnx_regions(explanation)] == ["onnxrt", "onnxrt"]
 
 
 @pytest.mark.parametrize("timed", [{"all eager": 1.0, ON_INDUCTOR: 1.5}], indirect=True)
