@@ -12,7 +12,7 @@ A graph cut by eager work between ONNX Runtime regions (an op no exporter
 knows: a mixture-of-experts layer's grouped matmuls) is timed whole by default,
 without autotune: as routed, all on eager, and with its ORT regions on
 inductor, whose kernels share torch's threads with the eager ops between them.
-Inductor is tried even where ORT beats eager there: on Mixtral in the zoo, as
+Inductor is tried even where ORT beats eager there: in one zoo run of Mixtral, as
 routed ran in 0.75 of eager's time and inductor in 0.60.
 On Mixtral the ORT regions ran 2x slower in place than alone, and the graph
 1.4x slower than inductor's. The decision is cached like the regions' own.
