@@ -7,6 +7,7 @@ import torch
 
 import dispatch
 import dispatch.autotune as autotune
+from dispatch.record import recorder
 from dispatch.routes import registry
 from tests.models import matmul_outside_onnx
 
@@ -152,3 +153,17 @@ def test_a_user_who_disables_inductor_gets_no_inductor_candidate(timed, monkeypa
     explanation = _explained(ExpertBetweenOnnx().eval())
     assert [r.route for r in _onnx_regions(explanation)] == ["onnxrt", "onnxrt"]
     assert timed == []
+
+
+@pytest.mark.parametrize("timed", [{ON_INDUCTOR: 1.0}], indirect=True)
+@torch.no_grad()
+def test_a_dynamic_cut_graph_on_inductor_matches_eager_at_other_sizes(timed):
+    model = ExpertBetweenOnnx().eval()
+    compiled = torch.compile(model, backend="auto", dynamic=True, options=OPTIONS)
+    with recorder.recording() as records:
+        for rows in (8, 3, 13):
+            x = torch.randn(rows, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert timed == [{"as routed", "all eager", ON_INDUCTOR}]
+    ran = [r.route for record in records for r in record.regions]
+    assert ran.count("inductor") == 2, ran
