@@ -20,7 +20,6 @@ On Mixtral the ORT regions ran 2x slower in place than alone, and the graph
 
 from __future__ import annotations
 
-import operator
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,7 +29,6 @@ from torch.utils._python_dispatch import _disable_current_modes
 from . import autotune
 from .cache import ArtifactCache, region_key
 from .config import Config
-from .inspect import is_view_op
 from .planner import availability
 from .routes import CompiledFn, registry
 from .stitch import COMPILE_LOCK, RegionRunner, StitchedGraph
@@ -50,14 +48,8 @@ def is_cut(stitched: StitchedGraph, config: Config) -> bool:
         return False
     if not availability(registry.get("inductor")).ok:
         return False
-    return any(r.chain[0] == "eager" and _computes(r) for r in stitched.runners)
-
-
-def _computes(runner: RegionRunner) -> bool:
-    nodes = runner.gm.graph.nodes
-    return any(
-        n.op == "call_function" and n.target is not operator.getitem and not is_view_op(n) for n in nodes
-    )
+    # A region's node_count counts its computing ops, not its views (partition.py).
+    return any(r.chain[0] == "eager" and r.plan.node_count for r in stitched.runners)
 
 
 class WholeGraphCheck:
