@@ -25,11 +25,16 @@ from .routes import CompiledFn
 BUDGET_S = 30.0  # per region: compiling and timing all candidates
 WARMUP_CALLS = 2
 BATCHES = 7
-BATCH_S = 10e-3  # each timed batch runs at least this long, so timer resolution does not matter
-# Before each batch: an ORT session's idle workers spin for up to ~60 ms after a
-# run (measured), and with a shorter pause the next candidate paid for it; with
-# 5 ms, measuring picked eager over onnxrt on the 1024-wide MLP (5.93 vs 4.00 ms).
-PAUSE_S = 0.1
+BATCH_S = 30e-3  # each timed batch runs at least this long, so timer resolution does not matter
+# Before each batch, a pause lets the last candidate's idle workers stop
+# spinning (torch's OpenMP team for a few ms; ORT's regions stop theirs as a
+# run returns). A long pause cost accuracy: this machine's cores went idle and
+# woke slowly. Timing a 256-512-256 MLP (ORT, eager, inductor; back to back
+# 213, 259 and 298 µs) four times over: with 100 ms pauses and 10 ms batches ORT
+# measured 288 to 583 µs and lost to eager in three of four; with 10 ms pauses
+# and 30 ms batches it measured 217 to 230 µs, eager 259 to 276 and inductor
+# 288 to 311, in a third of the time (AMD EPYC, 2 cores, 2026-11-25).
+PAUSE_S = 0.01
 # ...and after the pause, untimed calls wake the candidate's threads again: a
 # batch timed straight after a 100 ms sleep measured the 1024-wide MLP's eager
 # at 9.5-15.7 ms against 4.4 ms back to back, and its onnxrt at 3.5-9.8 ms
