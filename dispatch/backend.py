@@ -31,7 +31,7 @@ from .cache import ArtifactCache, current_cache, inductor_cache, using
 from .config import Config
 from .decompositions import onnx_friendly
 from .errors import ConfigError, DispatchError, error_line
-from .graph_tuning import WholeGraphCheck, is_cut
+from .graph_tuning import whole_graph_check
 from .inductor_baseline import compile_as_inductor, inductor_lead
 from .inspect import (
     GRAPH_BACKWARD,
@@ -311,10 +311,8 @@ class _GraphCompiler:
         self.stitched.append(stitched)
         recorder.publish(GraphRecord(graph_plan, stitched))
         program: Callable[..., Any] = stitched
-        if kind == GRAPH_INFERENCE and len(graph_plan.regions) > 1:
-            cut = is_cut(stitched, self.config)
-            if cut or self.config.autotune:
-                program = WholeGraphCheck(stitched, self.config, cut)
+        if kind == GRAPH_INFERENCE:
+            program = whole_graph_check(stitched, graph_plan, self.config) or stitched
         if kind == GRAPH_INFERENCE and (wrapper_is_identity or _wrapper_is_identity()):
             self.direct = (program, stitched.inputs)
         return make_boxed_func(program)

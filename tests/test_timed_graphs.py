@@ -1,0 +1,143 @@
+"""A CPU graph that ONNX Runtime runs, doing enough work, is timed whole on its
+first call by default: as routed against all eager and, where ORT did not run
+it in well under eager's time, against inductor; its regions move to the fastest."""
+
+import pytest
+import torch
+
+import dispatch
+import dispatch.autotune as autotune
+from dispatch.graph_tuning import INDUCTOR_PAST_EAGER_SHARE, TIMED_GRAPH_FLOPS
+from dispatch.routes import registry
+
+ON_INDUCTOR = "regions on inductor"
+ONNX_AND_EAGER = ["as routed", "all eager"]
+
+
+def _mlp(width: int) -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(width, 2 * width), torch.nn.GELU(), torch.nn.Linear(2 * width, width)
+    ).eval()
+
+
+LARGE = (_mlp(256), (torch.randn(128, 256),))  # 67 MFLOP: timed
+SMALL = (_mlp(32), (torch.randn(8, 32),))  # 33 kFLOP: not timed
+
+
+def test_the_models_straddle_the_line():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from dispatch.work import estimated_flops
+
+    for (model, args), timed in ((LARGE, True), (SMALL, False)):
+
+        def call(params, *inputs, model=model):
+            return torch.func.functional_call(model, params, inputs)
+
+        gm = make_fx(call, tracing_mode="fake")(dict(model.named_parameters()), *args)
+        assert (estimated_flops(gm) >= TIMED_GRAPH_FLOPS) is timed
+
+
+@pytest.fixture
+def timed(monkeypatch, request):
+    """Whole-graph candidates timed by a fake clock: milliseconds per candidate
+    from ``param``, 2 ms for the others; returns the candidate lists timed."""
+    ms, seen = request.param, []
+
+    def median_call_s(candidates, args):
+        seen.append(sorted(candidates))
+        for fn in candidates.values():
+            fn(*args)
+        return {name: ms.get(name, 2.0) * 1e-3 for name in candidates}
+
+    monkeypatch.setattr(autotune, "median_call_s", median_call_s)
+    return seen
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """The routes that compiled a region, in order."""
+    seen = []
+    for name in ("onnxrt", "inductor"):
+        route = registry.get(name)
+        original = type(route).compile
+
+        def compile(self, gm, args, name=name, original=original):
+            seen.append(name)
+            return original(self, gm, args)
+
+        monkeypatch.setattr(type(route), "compile", compile)
+    return seen
+
+
+def _explained(model, args, **options):
+    with torch.no_grad():
+        return dispatch.explain(model, *args, options=options or None)
+
+
+@pytest.mark.parametrize("timed", [{"all eager": 1.0, ON_INDUCTOR: 0.5}], indirect=True)
+@torch.no_grad()
+def test_a_graph_onnx_runs_slower_than_eager_moves_to_inductor(timed, compiles):
+    model, args = LARGE
+    explanation = _explained(model, args)
+    [region] = explanation.regions
+    assert (region.planned_route, region.route) == ("onnxrt", "inductor")
+    line = "as routed 2.00 ms, all eager 1.00 ms, regions on inductor 500.0 µs"
+    assert region.measured["whole graph"] == line
+    assert region.rejected["onnxrt"] == f"slower as a whole graph by measurement: {line}"
+    # ORT first against eager alone, then, having lost, against inductor too.
+    assert timed == [sorted(ONNX_AND_EAGER), sorted([*ONNX_AND_EAGER, ON_INDUCTOR])]
+
+    compiles.clear()
+    compiled = torch.compile(model, backend="auto")  # a warm start
+    torch.testing.assert_close(compiled(*args), model(*args))
+    assert compiles == ["inductor"], "a warm start compiled more than the cached winner"
+    assert len(timed) == 2, "the cached whole-graph decision was measured again"
+
+
+@pytest.mark.parametrize(
+    "timed", [{"as routed": 2.0 * INDUCTOR_PAST_EAGER_SHARE - 0.01, "all eager": 2.0}], indirect=True
+)
+@torch.no_grad()
+def test_inductor_is_not_compiled_where_onnx_clearly_beats_eager(timed, compiles):
+    model, args = LARGE
+    explanation = _explained(model, args)
+    assert [r.route for r in explanation.regions] == ["onnxrt"]
+    assert timed == [sorted(ONNX_AND_EAGER)]
+    assert "inductor" not in compiles
+    assert explanation.regions[0].measured["whole graph"] == "as routed 1.59 ms, all eager 2.00 ms"
+
+
+@pytest.mark.parametrize("timed", [{"all eager": 1.0, ON_INDUCTOR: 1.5}], indirect=True)
+@torch.no_grad()
+def test_a_graph_runs_eagerly_where_that_is_fastest(timed):
+    model, args = LARGE
+    explanation = _explained(model, args)
+    assert [r.route for r in explanation.regions] == ["eager"]
+    compiled = torch.compile(model, backend="auto")
+    torch.testing.assert_close(compiled(*args), model(*args))
+
+
+@pytest.mark.parametrize("timed", [{"all eager": 1.0}], indirect=True)
+@torch.no_grad()
+def test_small_forced_and_dynamic_graphs_are_not_timed(timed):
+    model, args = SMALL
+    assert [r.route for r in _explained(model, args).regions] == ["onnxrt"]
+    model, args = LARGE
+    assert [r.route for r in _explained(model, args, routes=["onnxrt", "eager"]).regions] == ["onnxrt"]
+    compiled = torch.compile(model, backend="auto", dynamic=True)
+    for rows in (128, 64):
+        x = torch.randn(rows, 256)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert timed == []
+
+
+@pytest.mark.parametrize("timed", [{"all eager": 1.0}], indirect=True)
+@torch.no_grad()
+def test_a_user_who_disables_inductor_gets_no_inductor_candidate(timed, monkeypatch, compiles):
+    monkeypatch.setenv("DISPATCH_DISABLE", "inductor")
+    model, args = LARGE
+    explanation = _explained(model, args)
+    assert [r.route for r in explanation.regions] == ["eager"]
+    assert timed == [sorted(ONNX_AND_EAGER)]
+    assert "inductor" not in compiles
