@@ -1,6 +1,6 @@
 """A CPU graph that ONNX Runtime runs, doing enough work, is timed whole on its
-first call by default: as routed against all eager and, where ORT ran it slower
-than eager, against inductor; its regions move to the fastest."""
+first call by default: as routed against all eager and, where ORT did not run
+it in well under eager's time, against inductor; its regions move to the fastest."""
 
 import pytest
 import torch
@@ -95,15 +95,26 @@ def test_a_graph_onnx_runs_slower_than_eager_moves_to_inductor(timed, compiles):
     assert len(timed) == 2, "the cached whole-graph decision was measured again"
 
 
-@pytest.mark.parametrize("timed", [{"as routed": 1.9, "all eager": 2.0}], indirect=True)
+@pytest.mark.parametrize("timed", [{"as routed": 1.5, "all eager": 2.0}], indirect=True)
 @torch.no_grad()
-def test_inductor_is_not_compiled_where_onnx_beats_eager(timed, compiles):
+def test_inductor_is_not_compiled_where_onnx_clearly_beats_eager(timed, compiles):
     model, args = LARGE
     explanation = _explained(model, args)
     assert [r.route for r in explanation.regions] == ["onnxrt"]
     assert timed == [sorted(ONNX_AND_EAGER)]
     assert "inductor" not in compiles
-    assert explanation.regions[0].measured["whole graph"] == "as routed 1.90 ms, all eager 2.00 ms"
+    assert explanation.regions[0].measured["whole graph"] == "as routed 1.50 ms, all eager 2.00 ms"
+
+
+@pytest.mark.parametrize("timed", [{"as routed": 1.7, ON_INDUCTOR: 1.8}], indirect=True)
+@torch.no_grad()
+def test_inductor_is_timed_where_onnx_beats_eager_by_little(timed):
+    """Timed alone, ORT ran layer_graph_break's layer in 0.89-0.94 of eager's
+    time; in the model it ran at 1.11."""
+    model, args = LARGE
+    explanation = _explained(model, args)
+    assert timed[-1] == sorted([*ONNX_AND_EAGER, ON_INDUCTOR])
+    assert [r.route for r in explanation.regions] == ["onnxrt"]
 
 
 @pytest.mark.parametrize("timed", [{"all eager": 1.0, ON_INDUCTOR: 1.5}], indirect=True)
