@@ -55,7 +55,7 @@ TIMED_GRAPH_FLOPS = 25_000_000
 # than this share of eager's time. Inductor ran the zoo's CPU graphs in 0.6 to
 # 0.85 of eager's time, so past it inductor may well win. And a graph timed
 # alone flatters ORT: layer_graph_break's layer measured 0.89 to 0.94 of
-# eager's time there and ran at 1.11 in the model (four weight sets, four
+# eager's time there in three cold starts of five, and ran at 1.11 in the model (four weight sets, four
 # sessions); at 1.0 it stayed on ORT, 1.40x inductor's time. Below it ORT's
 # lead rarely repays a compile of seconds. The price, where it is tried: a
 # cold start of hf_bert took 18.5 s against 3.4 (ORT kept by measurement).
@@ -95,7 +95,7 @@ def whole_graph_check(stitched: StitchedGraph, plan: GraphPlan, config: Config) 
 
 
 class WholeGraphCheck:
-    """A stitched inference graph of several regions, timed whole on its first call.
+    """A stitched inference graph, timed whole on its first call.
 
     Its first call runs the graph (each region measures and compiles), then
     times the whole graph as routed against its rivals (all on eager; for a cut
