@@ -55,8 +55,9 @@ TIMED_GRAPH_FLOPS = 25_000_000
 # than this share of eager's time. Inductor ran the zoo's CPU graphs in 0.6 to
 # 0.85 of eager's time, so past it inductor may well win. And a graph timed
 # alone flatters ORT: layer_graph_break's layer measured 0.89 to 0.94 of
-# eager's time there in three cold starts of five, and ran at 1.11 in the model (four weight sets, four
-# sessions); at 1.0 it stayed on ORT, 1.40x inductor's time. Below it ORT's
+# eager's time there in three cold starts of five, and ran at 1.11 in the
+# model (four weight sets, four sessions); at 1.0 it stayed on ORT, 1.40x
+# inductor's time. Below it ORT's
 # lead rarely repays a compile of seconds. The price, where it is tried: a
 # cold start of hf_bert took 18.5 s against 3.4 (ORT kept by measurement).
 INDUCTOR_PAST_EAGER_SHARE = 0.8
@@ -178,28 +179,29 @@ class WholeGraphCheck:
             if ALL_EAGER in self.rivals:
                 candidates[ALL_EAGER] = self._swapped({r.plan.name: r.gm.forward for r in self.runners})
             if ON_INDUCTOR in self.rivals:
-                compiled = self._on_inductor(region_args)
-                if compiled:
-                    candidates[ON_INDUCTOR] = self._swapped(compiled)
-            with _disable_current_modes(), COMPILE_LOCK:
-                seconds = autotune.median_call_s(candidates, args)
+                compiled = self._add_inductor(candidates, region_args)
+            seconds = self._timed(candidates, args)
             if (
                 self.inductor_past is not None
                 and seconds[AS_ROUTED] > self.inductor_past * seconds[ALL_EAGER]
             ):
-                compiled = self._on_inductor(region_args)
+                compiled = self._add_inductor(candidates, region_args)
                 if compiled:
-                    candidates[ON_INDUCTOR] = self._swapped(compiled)
-                    with _disable_current_modes(), COMPILE_LOCK:
-                        seconds = autotune.median_call_s(candidates, args)
+                    seconds = self._timed(candidates, args)
             decision = {name: autotune.format_seconds(s) for name, s in seconds.items()}
             decision["winner"] = min(seconds, key=lambda name: seconds[name])
             self.cache.put_json("whole-graph", self._key(), decision)
         self._apply(decision, compiled)
 
-    def _on_inductor(self, region_args: dict[str, Sequence[Any]]) -> dict[str, CompiledFn]:
-        """Each ORT region compiled by inductor and checked against torch; empty
-        where one fails (the candidate is then not timed)."""
+    def _timed(self, candidates: dict[str, CompiledFn], args: Sequence[Any]) -> dict[str, float]:
+        with _disable_current_modes(), COMPILE_LOCK:
+            return autotune.median_call_s(candidates, args)
+
+    def _add_inductor(
+        self, candidates: dict[str, CompiledFn], region_args: dict[str, Sequence[Any]]
+    ) -> dict[str, CompiledFn]:
+        """Each ORT region compiled by inductor and checked against torch, added to
+        ``candidates`` as one; empty where one fails (the candidate is then not timed)."""
         compiled = {}
         for runner in self.runners:
             if runner.chain[0] != _CUTTING_ROUTE:
@@ -209,6 +211,8 @@ class WholeGraphCheck:
             if fn is None:
                 return {}
             compiled[runner.plan.name] = fn
+        if compiled:
+            candidates[ON_INDUCTOR] = self._swapped(compiled)
         return compiled
 
     def _apply(self, decision: dict[str, Any], compiled: dict[str, CompiledFn]) -> None:

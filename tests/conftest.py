@@ -74,6 +74,43 @@ def onnx_exports(monkeypatch):
     return count
 
 
+@pytest.fixture
+def timed(monkeypatch, request):
+    """Whole-graph candidates (dispatch/graph_tuning.py) timed by a fake clock:
+    milliseconds per candidate from the test's ``param``, 2 ms for the others;
+    returns the candidate sets timed, in order."""
+    import dispatch.autotune as autotune
+
+    ms, seen = request.param, []
+
+    def median_call_s(candidates, args):
+        seen.append(set(candidates))
+        for fn in candidates.values():
+            fn(*args)
+        return {name: ms.get(name, 2.0) * 1e-3 for name in candidates}
+
+    monkeypatch.setattr(autotune, "median_call_s", median_call_s)
+    return seen
+
+
+@pytest.fixture
+def route_compiles(monkeypatch):
+    """The routes (onnxrt, inductor) that compiled a region from now on, in order."""
+    from dispatch.routes import registry
+
+    seen = []
+    for name in ("onnxrt", "inductor"):
+        route = registry.get(name)
+        original = type(route).compile
+
+        def compile(self, gm, args, name=name, original=original):
+            seen.append(name)
+            return original(self, gm, args)
+
+        monkeypatch.setattr(type(route), "compile", compile)
+    return seen
+
+
 def on_fake_device(module: torch.nn.Module, device: str, mode: FakeTensorMode) -> torch.nn.Module:
     """``module`` with fake parameters on ``device`` (``cuda``/``mps`` need no hardware)."""
     module.requires_grad_(False)

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import dispatch
-import dispatch.autotune as autotune
 from dispatch.record import recorder
 from dispatch.routes import registry
 from tests.models import matmul_outside_onnx
@@ -42,37 +41,6 @@ class ViewBesideOnnx(torch.nn.Module):
         return torch.relu(self.linear(x)) * 2.0, x.t()
 
 
-@pytest.fixture
-def timed(monkeypatch, request):
-    """Whole-graph candidates timed by a fake clock: milliseconds per candidate
-    from ``param``, 2 ms for the others; returns the candidate sets timed."""
-    ms, seen = request.param, []
-
-    def median_call_s(candidates, args):
-        seen.append(set(candidates))
-        for fn in candidates.values():
-            fn(*args)
-        return {name: ms.get(name, 2.0) * 1e-3 for name in candidates}
-
-    monkeypatch.setattr(autotune, "median_call_s", median_call_s)
-    return seen
-
-
-@pytest.fixture
-def onnx_compiles(monkeypatch):
-    """How many regions the onnxrt route compiled."""
-    route = registry.get("onnxrt")
-    compiled = []
-    original = type(route).compile
-
-    def compile(self, gm, args):
-        compiled.append(gm)
-        return original(self, gm, args)
-
-    monkeypatch.setattr(type(route), "compile", compile)
-    return compiled
-
-
 def _explained(model):
     with torch.no_grad():
         return dispatch.explain(model, *INPUT, options=OPTIONS)
@@ -84,7 +52,7 @@ def _onnx_regions(explanation):
 
 @pytest.mark.parametrize("timed", [{ON_INDUCTOR: 1.0}], indirect=True)
 @torch.no_grad()
-def test_onnx_regions_move_to_inductor_where_the_whole_graph_runs_faster(timed, onnx_compiles):
+def test_onnx_regions_move_to_inductor_where_the_whole_graph_runs_faster(timed, route_compiles):
     model = ExpertBetweenOnnx().eval()
     explanation = _explained(model)
     regions = _onnx_regions(explanation)
@@ -96,11 +64,13 @@ def test_onnx_regions_move_to_inductor_where_the_whole_graph_runs_faster(timed, 
     assert all(r.measured["whole graph"] == line for r in explanation.regions)
     assert timed == [{"as routed", "all eager", ON_INDUCTOR}]
 
-    onnx_compiles.clear()
+    route_compiles.clear()
     compiled = torch.compile(model, backend="auto", options=OPTIONS)  # a warm start
     torch.testing.assert_close(compiled(*INPUT), model(*INPUT))
     torch.testing.assert_close(compiled(*INPUT), model(*INPUT))
-    assert onnx_compiles == [], "a warm start exported regions the cached decision moved to inductor"
+    assert "onnxrt" not in route_compiles, (
+        "a warm start exported regions the cached decision moved to inductor"
+    )
     assert len(timed) == 1, "the cached whole-graph decision was measured again"
 
 
