@@ -18,12 +18,19 @@ from typing import Any
 
 ROOT = Path(__file__).parent.parent
 SPIN_DOWN_S = 0.25
+#: what a gated worker prints once loaded, before it waits for ``go``
+LOADED = "WORKER_LOADED"
 
 
 class Worker:
     """A running worker module (``python -m MODULE ARGS...``) for one cell."""
 
-    def __init__(self, module: str, args: list[str], ready_prefix: str) -> None:
+    def __init__(
+        self, module: str, args: list[str], ready_prefix: str, log: Path | None = None, gated: bool = False
+    ) -> None:
+        """``log``: where the worker's stderr goes (warnings, tracebacks); dropped without one.
+        ``gated``: the worker loads, prints ``LOADED`` and waits for ``go`` before it
+        compiles (``release``), so that several load at once and compile in turn."""
         # Bytecode is written and read as for an installed package: with
         # PYTHONDONTWRITEBYTECODE (set on the machines these numbers come from)
         # every worker compiled dispatch's sources again, 57 ms of each start.
@@ -32,19 +39,44 @@ class Worker:
             for k, v in os.environ.items()
             if not k.startswith("DISPATCH_") and k != "PYTHONDONTWRITEBYTECODE"
         }
+        self._log = log.open("w") if log is not None else None
+        self._quitting = False
+        self._released = not gated
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self._log if self._log is not None else subprocess.DEVNULL,
             text=True,
             env=env,
             cwd=ROOT,
         )
-        line = self._expect(ready_prefix)
-        self.ready: dict[str, Any] = (
-            json.loads(line) if line else {"ok": False, "error": "worker died while compiling"}
-        )
+        self.ready_prefix = ready_prefix
+        self.ready: dict[str, Any] = {}
+        if not gated:
+            self._read_ready()
+
+    def let_compile(self) -> None:
+        """For a ``gated`` worker: wait until it has loaded, then let it compile."""
+        if self._released:
+            return
+        self._released = True
+        if self._expect(LOADED) is None:
+            self.ready = {"ok": False, "error": "worker died while loading"}
+            return
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def release(self) -> None:
+        """For a ``gated`` worker: let it compile (if not yet) and read its ready line."""
+        self.let_compile()
+        if not self.ready:
+            self._read_ready()
+
+    def _read_ready(self) -> None:
+        line = self._expect(self.ready_prefix)
+        self.ready = json.loads(line) if line else {"ok": False, "error": "worker died while compiling"}
 
     def _expect(self, prefix: str) -> str | None:
         assert self.proc.stdout is not None
@@ -62,16 +94,29 @@ class Worker:
             raise RuntimeError("worker died while timing")
         return float(answer) / calls
 
-    def close(self) -> float | None:
-        """Ends the worker; its peak memory in MB (None where it had ended)."""
-        if self.proc.poll() is None:
+    def quit(self) -> None:
+        """Asks the worker to end, without waiting (``close`` collects it)."""
+        if self.proc.poll() is None and not self._quitting:
             assert self.proc.stdin is not None
             self.proc.stdin.write("quit\n")
             self.proc.stdin.flush()
+            self._quitting = True
+
+    def close(self) -> float | None:
+        """Ends the worker; its peak memory in MB (None where it had ended)."""
+        if self.proc.poll() is None or self._quitting:
+            self.quit()
             rss = self._expect("BENCH_RSS ")
             self.proc.wait(timeout=60)
+            self._close_log()
             return json.loads(rss)["peak_rss_mb"] if rss else None
+        self._close_log()
         return None
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
 
 def time_in_turn(workers: dict[str, Worker], seconds: float, batch_s: float = 0.1) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """`nox -s zoo`: the zoo's models under every column, one process per cell.
 
     python -m benchmarks.zoo.run [--models a,b] [--device cpu|cuda] [--dtype float32|bfloat16]
-                                 [--seconds 10] [--no-train] [--no-warm]
+                                 [--seconds 10] [--no-train] [--no-warm] [--skip-columns a,b]
+                                 [--logs DIR] [--compile-together]
 
 Per cell: pass or fail with the reason, accuracy against eager in the cell's
 dtype with an fp64 truth (as PyTorch's benchmark dashboard judges it),
@@ -10,8 +11,10 @@ warm compile (a second process on the same caches, inductor and auto), peak
 memory (RSS on CPU, allocated GPU memory on CUDA). Per column: pass rate and
 geomean speedup over eager. Writes benchmarks/results/zoo-<device>-<stamp>
 .json, .md and .png with the machine (CPU model and vector flags; GPU, driver
-and versions). Runs without nox on a machine whose Python has torch,
-transformers and timm: nothing is downloaded.
+and versions). The files are written again after every model, so a run cut
+short (a lent GPU's time running out) keeps the models it finished. Runs
+without nox on a machine whose Python has torch, transformers and timm:
+nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -60,23 +63,36 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
     print(f"[zoo] {name} ({mode}): compiling each column in a fresh process", flush=True)
     caches = {c: tempfile.mkdtemp(prefix=f"zoo-{name}-{c}-") for c in columns}
 
-    def start(column: str) -> Worker:
+    def start(column: str, suffix: str = "") -> Worker:
         return Worker(
             "benchmarks.zoo.worker",
             [name, column, mode, args.device, args.dtype, caches[column]],
             "ZOO_READY ",
+            Path(args.logs) / f"{name}-{mode}-{column}{suffix}.log" if args.logs else None,
+            gated=True,
         )
 
+    # Every column builds its model at once; they compile in turn (cold compile
+    # times are not taken beside another compile), or together with --compile-together.
     workers = {c: start(c) for c in columns}
+    if args.compile_together:
+        for worker in workers.values():
+            worker.let_compile()
+    for worker in workers.values():
+        worker.release()
     per_call = time_in_turn(workers, args.seconds)
+    for worker in workers.values():
+        worker.quit()  # processes end together: a compile pool takes seconds to shut down
     peak = {c: w.close() for c, w in workers.items()}
     warm: dict[str, float | None] = {}
     if not args.no_warm:
-        for column in WARM:
-            if column in workers and workers[column].ready.get("ok"):
-                second = start(column)
-                second.close()
-                warm[column] = second.ready.get("compile_s") if second.ready.get("ok") else None
+        seconds = {c: start(c, "-warm") for c in WARM if c in workers and workers[c].ready.get("ok")}
+        for column, second in seconds.items():
+            second.release()
+            second.quit()
+            warm[column] = second.ready.get("compile_s") if second.ready.get("ok") else None
+        for second in seconds.values():
+            second.close()
     cells = {}
     for column, worker in workers.items():
         ready = worker.ready
@@ -156,9 +172,13 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def _ratio(row: dict[str, Any]) -> str:
-    """auto's per-call time over the fastest other column that passed."""
+    """auto's per-call time over the fastest column that passed and is not auto's own."""
     cells = row["cells"]
-    others = [c["per_call_s"] for name, c in cells.items() if name != "auto" and c["ok"] and c["per_call_s"]]
+    others = [
+        c["per_call_s"]
+        for name, c in cells.items()
+        if not name.startswith("auto") and c["ok"] and c["per_call_s"]
+    ]
     if not cells["auto"]["ok"] or not others:
         return "-"
     return f"{cells['auto']['per_call_s'] / min(others):.2f}x"
@@ -202,32 +222,61 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-train", action="store_true", help="inference only")
     parser.add_argument("--train-only", action="store_true", help="the training rows only")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-start processes")
+    parser.add_argument(
+        "--skip-columns",
+        default="",
+        help="columns left out, comma-separated (eager and auto always run): "
+        "max_autotune_no_cudagraphs compiles for minutes where GPU time is short",
+    )
+    parser.add_argument(
+        "--compile-together",
+        action="store_true",
+        help="every column compiles at once (faster where GPU time is short; compile times then overlap)",
+    )
+    parser.add_argument("--logs", default=None, help="a folder for each cell's stderr (warnings, tracebacks)")
     args = parser.parse_args(argv)
+    if args.logs:
+        Path(args.logs).mkdir(parents=True, exist_ok=True)
     try:
         names = model_names(args.models)
     except ValueError as error:
         parser.error(str(error))
-    infer_columns = CUDA_COLUMNS if args.device == "cuda" else CPU_COLUMNS
-    rows = [] if args.train_only else [run_model(n, "infer", infer_columns, args) for n in names]
+    skipped = {c for c in args.skip_columns.split(",") if c}
+    if skipped & {"eager", "auto"}:
+        parser.error("eager and auto are always measured: the ratios are taken against them")
+    infer_columns = tuple(
+        c for c in (CUDA_COLUMNS if args.device == "cuda" else CPU_COLUMNS) if c not in skipped
+    )
+    train_columns = tuple(c for c in TRAIN_COLUMNS if c not in skipped)
+    columns = {"infer": infer_columns, "train": train_columns}
+    work = [] if args.train_only else [(n, "infer") for n in names]
     if not args.no_train:
-        rows += [run_model(n, "train", TRAIN_COLUMNS, args) for n in names if EVERY_MODEL[n].trains]
-    columns = {"infer": infer_columns, "train": TRAIN_COLUMNS}
+        work += [(n, "train") for n in names if EVERY_MODEL[n].trains]
+    base = RESULTS / f"zoo-{args.device}-{args.dtype}-{time.strftime('%Y%m%d-%H%M%S')}"
     result = {
         "device": args.device,
         "dtype": args.dtype,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "machine": machine(args.device),
         "columns": columns,
-        "rows": rows,
-        "summary": {mode: summary(rows, cols, mode) for mode, cols in columns.items()},
+        "rows": [],
+    }
+    for name, mode in work:
+        result["rows"].append(run_model(name, mode, columns[mode], args))
+        write(result, base)
+    print(markdown(result))
+    print(f"[zoo] wrote {base}.json/.md/.png")
+
+
+def write(result: dict[str, Any], base: Path) -> None:
+    """The result so far, as JSON, Markdown and a plot under ``base``."""
+    result["summary"] = {
+        mode: summary(result["rows"], cols, mode) for mode, cols in result["columns"].items()
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    base = RESULTS / f"zoo-{args.device}-{args.dtype}-{time.strftime('%Y%m%d-%H%M%S')}"
     base.with_suffix(".json").write_text(json.dumps(result, indent=2))
     base.with_suffix(".md").write_text(markdown(result))
     plot(result, base.with_suffix(".png"))
-    print(markdown(result))
-    print(f"[zoo] wrote {base}.json/.md/.png")
 
 
 if __name__ == "__main__":

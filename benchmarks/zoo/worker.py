@@ -9,7 +9,8 @@ dashboard does (``torch._dynamo.utils.same`` against eager in the cell's dtype o
 its device, with an fp64 run as the truth: in float32 that is fp32 eager; in
 bfloat16 a result passes when it is about as close to fp64 as bfloat16 eager
 is), prints ``ZOO_READY {json}``, then answers timing requests on stdin as
-``benchmarks.worker`` does.
+``benchmarks.worker`` does. Once the cell is built, before it compiles, it
+prints ``WORKER_LOADED`` and waits for ``go`` (``Worker.release``).
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ import resource
 import sys
 import tempfile
 import time
+import traceback
 from contextlib import redirect_stdout
 
 import torch
 
 from dispatch.record import recorder
+from dispatch.region import region_table
 
 from ..accuracy import accurate, floating_leaves, fp64_truth
+from ..process import LOADED
 from . import columns
 from .wider import EVERY_MODEL
 
@@ -70,6 +74,14 @@ def _peak_mb(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _loaded() -> None:
+    """Says the cell is built and waits for ``go``: the runner lets cells compile in turn."""
+    sys.__stdout__.write(LOADED + "\n")
+    sys.__stdout__.flush()
+    if sys.stdin.readline().strip() != "go":
+        sys.exit(0)
+
+
 def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_dir: str | None) -> None:
     cache_dir = cache_dir or tempfile.mkdtemp(prefix="zoo-cache-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
@@ -95,6 +107,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
                 )
                 model, inputs = _moved(model, inputs, device, dtype)
                 ref_grads = _gradients(copy.deepcopy(model), inputs, "eager")
+                _loaded()
                 start = time.perf_counter()
                 with recorder.recording() as plans:
                     grads = _gradients(model, inputs, column)
@@ -112,6 +125,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
                     )
                     model, inputs = _moved(model, inputs, device, dtype)
                     reference = copy.deepcopy(model)(*_fresh(inputs))
+                    _loaded()
                     start = time.perf_counter()
                     with recorder.recording() as plans:
                         fn = columns.inference(column, model, inputs)
@@ -119,7 +133,10 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
                         sync()
                     report["compile_s"] = time.perf_counter() - start
                     report["accurate"] = accurate(reference, fp64, out, dtype)
+                    del out  # a held output keeps a CUDA graph tree from replaying its recording
             report["routes"] = sorted({r.route for p in plans for r in p.regions})
+            if column == "auto":  # for the cell's log (run.py --logs): what ran where, and why
+                print(region_table([r for p in plans for r in p.regions]), file=sys.stderr)
             report["ok"] = report["accurate"]
             if not report["accurate"]:
                 report["error"] = (
@@ -132,6 +149,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
                 sync()
                 report["first_call_s"] = time.perf_counter() - start
     except Exception as error:  # a failing cell is reported, not dropped
+        traceback.print_exc()  # to the cell's log, where run.py keeps one
         lines = [line for line in str(error).splitlines() if line.strip()]
         report["error"] = f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
     print("ZOO_READY " + json.dumps(report), flush=True)
