@@ -35,6 +35,7 @@ import torch
 import torch.fx
 
 from .cache import inductor_cache, trusted_root
+from .capture_check import CaptureCheck, CaptureRecord, can_time
 from .config import Config
 from .errors import DispatchError, error_line
 from .inspect import (
@@ -65,7 +66,7 @@ from .planner import availability, check_forced_route, choose_routes, route_orde
 from .record import GraphRecord, recorder
 from .region import GraphPlan, Region
 from .routes import registry
-from .routes.cudagraphs import copied_out
+from .routes.cudagraphs import PoolOutputs
 from .served_plans import ServedPlans, fingerprint_pass, graph_key, publish, settings_fingerprint
 from .stitch import COMPILE_LOCK, FallbackWarning
 
@@ -139,16 +140,22 @@ def _compile_fx_served(
     inner compile does not run and the plans stored beside the entry are published.
     Without a cache of ours to store plans in, AOTAutograd's stays off too: every
     hit would have to be compiled again."""
-    if not trusted_root(compiler.config.cache_dir):
-        return _compile_fx(gm, example_inputs, PlanningInnerCompile(compiler, lead.capture), lead)
-    fingerprint = settings_fingerprint(compiler.config)
-    served = ServedPlans(compiler.config, graph_key(gm, example_inputs, fingerprint), compiler.graph_index)
+    config = compiler.config
+    fingerprint = settings_fingerprint(config)
+    key = graph_key(gm, example_inputs, fingerprint)
+    check = CaptureCheck.of(config, gm, key, compiler.graph_index) if lead.capture else None
+    if check is not None and (eager := check.stored_eager()) is not None:
+        return eager  # a warm start where the graph as traced beat its capture: nothing compiles
+    if not trusted_root(config.cache_dir):
+        inner = PlanningInnerCompile(compiler, lead.capture, check=check)
+        return _checked(check, _compile_fx(gm, example_inputs, inner, lead))
+    served = ServedPlans(config, key, compiler.graph_index)
     stored = served.stored()
     spare = copy.deepcopy(gm) if stored is None else None  # compile_fx takes ownership of its graph
-    inner = PlanningInnerCompile(compiler, lead.capture, served=served)
+    inner = PlanningInnerCompile(compiler, lead.capture, served=served, check=check)
     compiled = _compile_fx(gm, example_inputs, inner, lead, fingerprint=fingerprint)
     if inner.calls:
-        return compiled
+        return _checked(check, compiled)
     if stored is not None:
         publish(stored)
         return compiled
@@ -156,9 +163,12 @@ def _compile_fx_served(
     # again without the cache, so that the graph is planned.
     assert spare is not None
     log.info("graph %d: AOTAutograd's cache holds no plan of ours; compiling it again", compiler.graph_index)
-    return _compile_fx(
-        spare, example_inputs, PlanningInnerCompile(compiler, lead.capture, served=served), lead
-    )
+    inner = PlanningInnerCompile(compiler, lead.capture, served=served, check=check)
+    return _checked(check, _compile_fx(spare, example_inputs, inner, lead))
+
+
+def _checked(check: CaptureCheck | None, compiled: Callable[..., Any]) -> Callable[..., Any]:
+    return compiled if check is None else check.wrap(compiled)
 
 
 def _compile_fx(
@@ -207,7 +217,8 @@ def _with_kernel_trial(
 
     def inner(graph: torch.fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
         with COMPILE_LOCK, inductor_cache(config.cache_dir):
-            return _served(compile_fx_inner(graph, inputs, **kwargs), record.region, config)
+            pool_outputs = PoolOutputs(graph)  # before inductor's passes rewrite the graph
+            return _served(compile_fx_inner(graph, inputs, **kwargs), record.region, config, pool_outputs)
 
     def inlined(families: Sequence[str]) -> tuple[Callable[..., Any], list[str]]:
         used: list[str] = []
@@ -257,11 +268,11 @@ def _stored_choice(
     return program
 
 
-def _served(compiled: Any, region: Region, config: Config) -> Any:
+def _served(compiled: Any, region: Region, config: Config, pool_outputs: PoolOutputs) -> Any:
     """What serves inductor's compile of ``region``: its outputs copied out of the
     CUDA graph's pool where it is captured, unless the user asked for reduce-overhead."""
     if region.route == CUDAGRAPHS and not config.reduce_overhead:
-        return _outputs_survive(compiled)
+        return _outputs_survive(compiled, pool_outputs)
     return compiled
 
 
@@ -270,11 +281,18 @@ class PlanningInnerCompile:
     ``compile_fx_inner`` whole, or split and stitch it where the plan departs."""
 
     def __init__(
-        self, compiler: _GraphCompiler, capture: bool, trial: bool = False, served: ServedPlans | None = None
+        self,
+        compiler: _GraphCompiler,
+        capture: bool,
+        trial: bool = False,
+        served: ServedPlans | None = None,
+        check: CaptureCheck | None = None,
     ) -> None:
         self.compiler = compiler
         self.capture = capture
         self.trial = trial
+        #: times a captured inference graph against the graph as traced (``capture_check.py``)
+        self.check = check
         #: where the plans of graphs compiled whole are stored, for AOTAutograd's cache hits
         self.served = served
         self.calls = 0
@@ -301,6 +319,9 @@ class PlanningInnerCompile:
                 plan = None  # the stitched path plans again and turns the error into a raiser
             if plan is None:
                 return compiler.compile(gm, example_inputs, kind, static=static)
+            # Both read before inductor's passes rewrite the graph in place.
+            pool_outputs = PoolOutputs(gm)
+            timeable = self.check is not None and kind == GRAPH_INFERENCE and can_time(gm)
             try:
                 compiled = compile_fx_inner(gm, example_inputs, **kwargs)
             except Exception as error:
@@ -313,13 +334,16 @@ class PlanningInnerCompile:
         plan = replace(plan, regions=[region])
         record = TrialRecord(region) if self.trial and kind == GRAPH_INFERENCE else None
         self.records.append(record)
-        recorder.publish(GraphRecord(plan, record))
+        outcome: TrialRecord | CaptureRecord | None = record
+        if timeable and region.route == CUDAGRAPHS and self.check is not None:
+            outcome = self.check.record_for(plan)  # None where a size is symbolic
+        recorder.publish(GraphRecord(plan, outcome))
         if self.served is not None:
             self.served.add(plan)
         log.info(
             "graph %d (%s): %s -> %s (inductor's own compile)", plan.graph, kind, region.name, region.route
         )
-        return _served(compiled, region, config)
+        return _served(compiled, region, config, pool_outputs)
 
 
 def whole_graph_plan(
@@ -367,13 +391,14 @@ def _with_capture(region: Region, cudagraphs: Any, compiled: Any, wanted: bool) 
     return replace(region, route=CUDAGRAPHS, inner_route=INDUCTOR, rejected=rejected)
 
 
-def _outputs_survive(compiled: Callable[[list[Any]], Any]) -> Callable[[list[Any]], list[Any]]:
+def _outputs_survive(
+    compiled: Callable[[list[Any]], Any], pool_outputs: PoolOutputs
+) -> Callable[[list[Any]], list[Any]]:
     """Outputs of inductor's CUDA graph live in its pool and are overwritten by
     the next replay: copy them out, as the cudagraphs route does."""
 
     def run(args: list[Any]) -> list[Any]:
-        held = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-        return [copied_out(o, held) for o in compiled(args)]
+        return pool_outputs.survive(compiled, args)
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run

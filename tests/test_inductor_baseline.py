@@ -205,6 +205,7 @@ def test_a_graph_inductor_captures_is_recorded_as_captured_and_why_not_otherwise
 
 def test_outputs_of_a_captured_graph_are_copied_out_and_inputs_handed_back():
     from dispatch.inductor_baseline import _outputs_survive
+    from dispatch.routes.cudagraphs import PoolOutputs
 
     pool = torch.zeros(3)  # stands for the graph's memory pool, overwritten by the next replay
 
@@ -214,7 +215,7 @@ def test_outputs_of_a_captured_graph_are_copied_out_and_inputs_handed_back():
         pool.copy_(x * 2)
         return [pool, x]
 
-    run = _outputs_survive(replay)
+    run = _outputs_survive(replay, PoolOutputs(torch.fx.symbolic_trace(lambda x: (x * 2, x))))
     x = torch.ones(3)
     out, same = run([x])
     assert out.data_ptr() != pool.data_ptr()  # a copy: the next replay cannot change it

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..inspect import first_device, is_symbolic, marked_static_positions, tensor_values
+from ..inspect import META_VAL, first_device, is_symbolic, marked_static_positions, tensor_values
 from .base import Availability, CompiledFn, PreprocessResult, RegionProgram, Route, WrappingRoute
 from .registry import registry
 
@@ -95,7 +95,7 @@ class CudaGraphsRoute(WrappingRoute):
             "stack_traces": [None] * len(_outputs(gm)),
             "placeholders": get_placeholder_info(gm.graph),
         }
-        return _Captured(_boxed(inner), options, outputs_survive)
+        return _Captured(_boxed(inner), gm, options, outputs_survive)
 
     def preprocess(self, region: RegionProgram, compile_specs: Mapping[str, Any]) -> PreprocessResult:
         return registry.get(compile_specs["inner"]).preprocess(region, compile_specs)
@@ -124,11 +124,16 @@ class _Captured:
     reduce-overhead contract was chosen."""
 
     def __init__(
-        self, boxed: Callable[[list[Any]], list[Any]], options: dict[str, Any], outputs_survive: bool
+        self,
+        boxed: Callable[[list[Any]], list[Any]],
+        gm: torch.fx.GraphModule,
+        options: dict[str, Any],
+        outputs_survive: bool,
     ) -> None:
         self.boxed = boxed
         self.options = options
         self.outputs_survive = outputs_survive
+        self.pool_outputs = PoolOutputs(gm)
         self._local = threading.local()
 
     def _capture(self, args: Sequence[Any]) -> Callable[[list[Any]], Any]:
@@ -151,19 +156,76 @@ class _Captured:
         captured = getattr(self._local, "captured", None)
         if captured is None:
             captured = self._local.captured = self._capture(args)
-        outputs = captured(list(args))
         if not self.outputs_survive:
-            return tuple(outputs)
-        held = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-        return tuple(copied_out(o, held) for o in outputs)
+            return tuple(captured(list(args)))
+        return tuple(self.pool_outputs.survive(captured, list(args)))
 
 
-def copied_out(output: Any, inputs: set[int]) -> Any:
-    """A copy of an output that lives in the graph's pool; an output that is (a
-    view of) an input is not the pool's and is handed back as it is."""
-    if not isinstance(output, torch.Tensor) or output.untyped_storage().data_ptr() in inputs:
-        return output
-    return output.clone()
+class PoolOutputs:
+    """Copies out of a CUDA graph's memory pool the outputs that live there, so
+    that the next replay cannot overwrite what the caller holds. An output that
+    is (a view of) an input is not the pool's and is handed back as it is.
+
+    Which outputs alias inputs is read once from the graph's fake values
+    (aliasing is a property of the graph): scanning every input's storage on
+    each call cost 55-70 µs on a 200 µs BERT replay on an H200, 1.3-1.5x
+    ``mode="reduce-overhead"`` (``benchmarks/results/zoo-cuda-*-20261126-*``). A
+    graph without fake values (``symbolic_trace``) is scanned call by call."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.aliased = outputs_aliasing_inputs(gm)
+
+    def survive(self, run: Callable[[list[Any]], Any], args: list[Any]) -> list[Any]:
+        """``run(args)`` (which may empty ``args``) with its pool outputs copied out."""
+        if self.aliased is None:
+            held = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            outputs = list(run(args))
+            pooled = [
+                i
+                for i, o in enumerate(outputs)
+                if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in held
+            ]
+        else:
+            outputs = list(run(args))
+            pooled = [
+                i for i, o in enumerate(outputs) if i not in self.aliased and isinstance(o, torch.Tensor)
+            ]
+        for i, copy in zip(pooled, copied([outputs[i] for i in pooled])):
+            outputs[i] = copy
+        return outputs
+
+
+def copied(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of ``tensors``, made by one kernel launch where there are several."""
+    if len(tensors) < 2:
+        return [t.clone() for t in tensors]
+    copies = [torch.empty_like(t) for t in tensors]
+    torch._foreach_copy_(copies, tensors)
+    return copies
+
+
+def outputs_aliasing_inputs(gm: torch.fx.GraphModule) -> frozenset[int] | None:
+    """Positions of ``gm``'s outputs that share storage with one of its inputs, read
+    from the fake values its nodes carry; None where a value is missing."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    inputs = set()
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get(META_VAL)
+        if value is None:
+            return None
+        if isinstance(value, torch.Tensor):
+            inputs.add(StorageWeakRef(value.untyped_storage()))
+    aliased = set()
+    for i, out in enumerate(_outputs(gm)):
+        if not isinstance(out, torch.fx.Node):
+            continue
+        value = out.meta.get(META_VAL)
+        if value is None:
+            return None
+        if isinstance(value, torch.Tensor) and StorageWeakRef(value.untyped_storage()) in inputs:
+            aliased.add(i)
+    return frozenset(aliased)
 
 
 def _outputs(gm: torch.fx.GraphModule) -> list[Any]:
