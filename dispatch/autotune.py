@@ -62,8 +62,10 @@ def measure(
     reference: Callable[[], Any],
     args: Sequence[Any],
     budget_s: float | None = None,
+    batch_s: float = BATCH_S,
 ) -> Tuning:
-    """Compile, check and time each candidate; never on fake tensors."""
+    """Compile, check and time each candidate; never on fake tensors. ``batch_s``:
+    how long each timed batch runs (``median_call_s``)."""
     budget_s = BUDGET_S if budget_s is None else budget_s
     if any(isinstance(a, torch._subclasses.FakeTensor) for a in args):
         raise RuntimeError("autotune measures real inputs only; these are fake")
@@ -83,7 +85,7 @@ def measure(
             tuning.reasons[route] = f"not measured: {detail}"
             continue
         compiled[route] = fn
-    tuning.seconds = median_call_s(compiled, args)
+    tuning.seconds = median_call_s(compiled, args, batch_s)
     if tuning.seconds:
         tuning.best = tuning.ranking()[0]
         tuning.compiled = compiled[tuning.best]
@@ -96,7 +98,9 @@ def measure(
     return tuning
 
 
-def median_call_s(candidates: dict[str, CompiledFn], args: Sequence[Any]) -> dict[str, float]:
+def median_call_s(
+    candidates: dict[str, CompiledFn], args: Sequence[Any], batch_s: float = BATCH_S
+) -> dict[str, float]:
     """Median seconds per call of each candidate, from batches taken in turn.
 
     Taking the candidates in turn, round after round, makes drift on a busy
@@ -115,7 +119,7 @@ def median_call_s(candidates: dict[str, CompiledFn], args: Sequence[Any]) -> dic
         fn(*args)
         sync()
         one = max(time.perf_counter() - start, 1e-7)
-        calls[route] = max(1, min(1000, int(BATCH_S / one)))
+        calls[route] = max(1, min(1000, int(batch_s / one)))
     samples: dict[str, list[float]] = {route: [] for route in candidates}
     for _ in range(BATCHES):
         for route, fn in candidates.items():

@@ -83,7 +83,7 @@ def timed(monkeypatch, request):
 
     ms, seen = request.param, []
 
-    def median_call_s(candidates, args):
+    def median_call_s(candidates, args, batch_s=None):
         seen.append(set(candidates))
         for fn in candidates.values():
             fn(*args)

@@ -1,0 +1,227 @@
+"""CUDA inference: a small captured graph, timed on its first call against the
+graph as Dynamo traced it.
+
+Replaying a graph under CUDA graph trees has a host cost of its own: the trees'
+bookkeeping, a copy of each input that is not static into the graph's memory,
+and auto's copy of the outputs out of its pool. A graph of a few kernels saves
+less than that in launches. On an H200 in bfloat16
+(``benchmarks/results/zoo-cuda-bfloat16-20261126-060018.md``), the zoo's
+graph_break (three Dynamo graphs of 9, 1 and 3 aten ops around a ``print`` and
+an ``.item()`` branch) ran 170 µs a step eagerly, 269 µs under
+``mode="reduce-overhead"`` and 339 µs under auto; data_dependent (three graphs
+around ``nonzero``) 356, 452 and 471 µs.
+
+So a captured inference graph whose second eager run (the first loads
+kernels) takes under ``TIMED_BELOW_S`` is timed on its first call, captured
+against as traced, the two in turn with the device synchronised (``autotune.measure``: each
+checked against eager first), and runs as the faster from then on. Above that
+time the capture's fixed cost is a few per cent at most, and the graph stays
+captured without timing. Not timed: a forced route, eager not allowed, a
+symbolic size (one shape's timing need not hold for others). The decision is
+cached: a warm start where eager won compiles nothing for the graph.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils._python_dispatch import _disable_current_modes
+
+from . import autotune
+from .cache import ArtifactCache
+from .config import Config
+from .record import GraphRecord, recorder
+from .region import GraphPlan, Region
+
+log = logging.getLogger("dispatch")
+
+CAPTURED = "captured"
+AS_TRACED = "as traced (eager)"
+WHOLE_GRAPH = "whole graph"  # the key of this measurement in the region's ``measured``
+CUDAGRAPHS = "cudagraphs"
+#: a graph whose second eager run takes longer is kept captured without timing
+TIMED_BELOW_S = 1e-3
+#: timed batches this long: a graph this small runs hundreds of calls in each
+BATCH_S = 5e-3
+_KIND = "capture-check"
+
+
+class CaptureRecord:
+    """The captured region of a graph under this check, as ``explain`` reads it."""
+
+    def __init__(self, region: Region) -> None:
+        self.region = region
+
+    def outcome(self) -> list[Region]:
+        return [self.region]
+
+    def settle(self, measured: dict[str, str], winner: str) -> None:
+        self.region = decided(self.region, measured, winner)
+        log.info("graph %d: %s (%s)", self.region.graph, self.region.route, _line(measured))
+
+
+def decided(region: Region, measured: dict[str, str], winner: str) -> Region:
+    """``region`` (captured) with the check's times, moved to eager where that won."""
+    line = _line(measured)
+    if winner != AS_TRACED:
+        return replace(region, measured={**region.measured, WHOLE_GRAPH: line}) if measured else region
+    rejected = {
+        **region.rejected,
+        CUDAGRAPHS: f"slower as a whole graph by measurement: {line}",
+        "inductor": f"captured, slower as a whole graph by measurement: {line}",
+    }
+    return replace(
+        region,
+        route="eager",
+        inner_route=None,
+        planned_route=region.route,
+        rejected=rejected,
+        measured={**region.measured, WHOLE_GRAPH: line},
+    )
+
+
+def _line(measured: dict[str, str]) -> str:
+    return ", ".join(f"{name} {seconds}" for name, seconds in measured.items())
+
+
+class CaptureCheck:
+    """One Dynamo graph's check: made before ``compile_fx`` (which may rewrite the
+    graph), given the captured aten graph by the inner compile (``record_for``),
+    and wrapped around the compiled program (``wrap``)."""
+
+    def __init__(self, config: Config, gm: torch.fx.GraphModule, key: str, graph_index: int) -> None:
+        self.cache = ArtifactCache(config.cache_dir)
+        self.key = key
+        self.graph_index = graph_index
+        self.as_traced = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # shares gm's tensors
+        self.plan: GraphPlan | None = None
+        self.record: CaptureRecord | None = None
+
+    @classmethod
+    def of(cls, config: Config, gm: torch.fx.GraphModule, key: str, graph_index: int) -> CaptureCheck | None:
+        """The check for ``gm``, or None where nothing is timed."""
+        if config.forced or not config.allows("eager"):
+            return None
+        return cls(config, gm, key, graph_index)
+
+    def _stored(self) -> dict[str, Any] | None:
+        stored = self.cache.get_json(_KIND, self.key)
+        return stored if isinstance(stored, dict) else None
+
+    def stored_eager(self) -> Callable[..., Any] | None:
+        """On a warm start where eager won: the graph as traced, its stored plan
+        published; None otherwise (the graph compiles)."""
+        stored = self._stored()
+        if not stored or stored.get("winner") != AS_TRACED:
+            return None
+        try:
+            plan = GraphPlan.from_dict(stored["plan"], self.graph_index)
+        except (KeyError, TypeError, ValueError):  # an old or altered entry: a miss
+            return None
+        recorder.publish(GraphRecord(plan, None))
+        return self.as_traced.forward
+
+    def record_for(self, plan: GraphPlan) -> CaptureRecord | None:
+        """The record of ``plan``'s captured region, whose aten graph ``can_time``
+        allowed; None where a size is symbolic (one shape's timing need not hold for
+        the others). A stored decision settles the record at once."""
+        if plan.dynamic:
+            return None
+        self.plan = plan
+        self.record = CaptureRecord(plan.regions[0])
+        stored = self._stored()
+        if stored:
+            self.record.settle(stored.get("measured", {}), stored.get("winner", CAPTURED))
+        return self.record
+
+    def wrap(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
+        """``compiled``, timed against the graph as traced on its first call; as it is
+        where nothing was captured, the graph is not timed, or the decision was stored."""
+        if self.record is None or self._stored() is not None:
+            return compiled
+        return _FirstCallCheck(self, compiled)
+
+    def decide(self, compiled: Callable[..., Any], args: Sequence[Any]) -> Callable[..., Any]:
+        """Run the check on the first call's ``args``; the program that serves from now on."""
+        assert self.record is not None
+        eager = self.as_traced.forward
+        sync = autotune.synchronizer(args)
+        expected = _flat(eager(*args))  # untimed: a first call loads kernels, warms caches
+        sync()
+        start = time.perf_counter()
+        eager(*args)
+        sync()
+        if time.perf_counter() - start >= TIMED_BELOW_S:
+            self._store(CAPTURED, {})
+            return compiled
+        programs = {CAPTURED: compiled, AS_TRACED: eager}
+        with _disable_current_modes():  # a mode the caller runs under is not timed
+            tuning = autotune.measure(
+                list(programs),
+                lambda name: lambda *a: _flat(programs[name](*a)),
+                lambda: expected,
+                args,
+                batch_s=BATCH_S,
+            )
+        if CAPTURED not in tuning.seconds:
+            # The captured program failed or differs from eager: it keeps serving, as
+            # it would without this check, and the user sees its error on the call.
+            log.info("graph %d: capture not timed: %s", self.graph_index, tuning.reasons.get(CAPTURED))
+            return compiled
+        measured = {name: autotune.format_seconds(s) for name, s in tuning.seconds.items()}
+        winner = AS_TRACED if tuning.best == AS_TRACED else CAPTURED
+        self.record.settle(measured, winner)
+        self._store(winner, measured)
+        return eager if winner == AS_TRACED else compiled
+
+    def _store(self, winner: str, measured: dict[str, str]) -> None:
+        assert self.plan is not None and self.record is not None
+        plan = replace(self.plan, regions=[self.record.region])
+        self.cache.put_json(_KIND, self.key, {"winner": winner, "measured": measured, "plan": plan.to_dict()})
+
+
+class _FirstCallCheck:
+    """The compiled program until its first call has decided, then the winner."""
+
+    def __init__(self, check: CaptureCheck, compiled: Callable[..., Any]) -> None:
+        self.check = check
+        self.compiled: Callable[..., Any] | None = compiled
+        self.chosen: Callable[..., Any] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        if self.chosen is None:
+            with self._lock:
+                if self.chosen is None:
+                    assert self.compiled is not None
+                    try:
+                        self.chosen = self.check.decide(self.compiled, args)
+                    except Exception as error:  # the check never breaks the graph
+                        log.info("graph %d: capture check failed: %s", self.check.graph_index, error)
+                        self.chosen = self.compiled
+                    self.compiled = None  # the loser's program is not kept alive
+        return self.chosen(*args)
+
+
+def can_time(aten: torch.fx.GraphModule) -> bool:
+    """False where an aten graph mutates (an input: a timed call would do so again)
+    or draws random numbers (timing would move the caller's generator on)."""
+    for node in aten.graph.nodes:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and (
+            target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags
+        ):
+            return False
+    return True
+
+
+def _flat(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
