@@ -16,8 +16,16 @@ def launch_bound(x):
     return x
 
 
+@pytest.fixture
+def never_timed(monkeypatch):
+    """Every captured graph stays captured: no graph is small enough to time against eager."""
+    import dispatch.capture_check as capture_check
+
+    monkeypatch.setattr(capture_check, "TIMED_BELOW_S", 0.0)
+
+
 @torch.no_grad()
-def test_cudagraph_replay_is_correct_and_outputs_survive_until_the_next_call():
+def test_cudagraph_replay_is_correct_and_outputs_survive_until_the_next_call(never_timed):
     compiled = torch.compile(launch_bound, backend="auto")
     x = torch.randn(64, device="cuda")
     explanation = dispatch.explain(launch_bound, x)
@@ -70,7 +78,7 @@ def test_training_on_cuda_matches_eager():
 
 
 @torch.no_grad()
-def test_cuda_inference_is_one_inductor_graph_under_cuda_graph_trees():
+def test_cuda_inference_is_one_inductor_graph_under_cuda_graph_trees(never_timed):
     """As mode='reduce-overhead' compiles it; outputs still survive the next call."""
     torch.manual_seed(0)
     model = (
@@ -84,6 +92,21 @@ def test_cuda_inference_is_one_inductor_graph_under_cuda_graph_trees():
         first = compiled(x)
     compiled(x * 2)
     torch.testing.assert_close(first, model(x), rtol=1e-3, atol=1e-3)
+
+
+@torch.no_grad()
+def test_a_small_captured_graph_is_timed_against_the_graph_as_traced():
+    """A graph of two kernels: its capture is timed against running it eagerly on the
+    first call (dispatch/capture_check.py), and either way the numbers are eager's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()).cuda().eval()
+    x = torch.randn(4, 64, device="cuda")
+    (region,) = dispatch.explain(model, x).regions
+    assert region.measured["whole graph"].startswith("captured "), region.measured
+    assert region.route == ("eager" if "cudagraphs" in region.rejected else "cudagraphs")
+    compiled = torch.compile(model, backend="auto")
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), model(x))
 
 
 def test_threads_call_while_another_variant_compiles():
