@@ -98,9 +98,12 @@ class Worker:
         """Asks the worker to end, without waiting (``close`` collects it)."""
         if self.proc.poll() is None and not self._quitting:
             assert self.proc.stdin is not None
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.flush()
             self._quitting = True
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+            except BrokenPipeError:  # it ended meanwhile (a cell that failed does not wait)
+                pass
 
     def close(self) -> float | None:
         """Ends the worker; its peak memory in MB (None where it had ended)."""
