@@ -12,13 +12,14 @@ an ``.item()`` branch) ran 170 µs a step eagerly, 269 µs under
 around ``nonzero``) 356, 452 and 471 µs.
 
 So a captured inference graph whose second eager run (the first loads
-kernels) takes under ``TIMED_BELOW_S`` is timed on its first call, captured
-against as traced, the two in turn with the device synchronised (``autotune.measure``: each
-checked against eager first), and runs as the faster from then on. Above that
-time the capture's fixed cost is a few per cent at most, and the graph stays
-captured without timing. Not timed: a forced route, eager not allowed, a
-symbolic size (one shape's timing need not hold for others). The decision is
-cached: a warm start where eager won compiles nothing for the graph.
+kernels) takes under ``TIMED_BELOW_S`` is timed on its first call: captured
+against as traced, in turn, the device synchronised (``autotune.measure``,
+each checked against eager first). It runs as the faster from then on. Above
+that time the capture's fixed cost is a few per cent at most, and the graph
+stays captured untimed. Not timed: a forced route, eager not allowed, a
+symbolic size (one shape's timing need not hold for others), a graph that
+mutates or draws random numbers (``can_time``). The decision is cached: a
+warm start where eager won compiles nothing for the graph.
 """
 
 from __future__ import annotations
