@@ -148,6 +148,12 @@ def synchronizer(args: Sequence[Any]) -> Callable[[], None]:
     return sync
 
 
+def flat_outputs(out: Any) -> list[Any]:
+    """A program's outputs as the list ``measure`` compares: a tuple or list as it
+    is, a single output in a list of one."""
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
 def check_close(expected: Sequence[Any], got: Sequence[Any]) -> None:
     """Raise where ``got`` differs from eager's ``expected`` beyond the dtype's tolerance."""
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):

@@ -155,7 +155,7 @@ class CaptureCheck:
         assert self.record is not None
         eager = self.as_traced.forward
         sync = autotune.synchronizer(args)
-        expected = _flat(eager(*args))  # untimed: a first call loads kernels, warms caches
+        expected = autotune.flat_outputs(eager(*args))  # untimed: a first call loads kernels, warms caches
         sync()
         start = time.perf_counter()
         eager(*args)
@@ -167,7 +167,7 @@ class CaptureCheck:
         with _disable_current_modes():  # a mode the caller runs under is not timed
             tuning = autotune.measure(
                 list(programs),
-                lambda name: lambda *a: _flat(programs[name](*a)),
+                lambda name: lambda *a: autotune.flat_outputs(programs[name](*a)),
                 lambda: expected,
                 args,
                 batch_s=BATCH_S,
@@ -222,7 +222,3 @@ def can_time(aten: torch.fx.GraphModule) -> bool:
         ):
             return False
     return True
-
-
-def _flat(out: Any) -> list[Any]:
-    return list(out) if isinstance(out, (list, tuple)) else [out]

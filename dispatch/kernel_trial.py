@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from .autotune import format_seconds, measure
+from .autotune import flat_outputs, format_seconds, measure
 from .cache import ArtifactCache, region_key
 from .config import Config
 from .errors import error_line
@@ -211,11 +211,11 @@ class KernelTrial:
         programs = {PLAIN: self.plain, **{name: self.inlined[labels[name]] for name in labels}}
 
         def expected() -> list[Any]:
-            return [o.clone() if isinstance(o, torch.Tensor) else o for o in _flat(self.plain(*args))]
+            return [o.clone() if isinstance(o, torch.Tensor) else o for o in flat_outputs(self.plain(*args))]
 
         def flattened(name: str) -> Callable[..., Any]:
             program = programs[name]
-            return lambda *a: _flat(program(*a))
+            return lambda *a: flat_outputs(program(*a))
 
         try:
             tuning = measure(list(programs), flattened, expected, args)
@@ -246,10 +246,6 @@ class KernelTrial:
         """Serve the winner from now on, and record why."""
         self.chosen = self.inlined[chosen] if chosen else self.plain
         self.record.settle(self.kernels, chosen, measured, failure)
-
-
-def _flat(out: Any) -> list[Any]:
-    return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def decided(
