@@ -103,6 +103,9 @@ class CaptureCheck:
         self.key = key
         self.graph_index = graph_index
         self.as_traced = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # shares gm's tensors
+        stored = self.cache.get_json(_KIND, key)
+        #: the decision a former process stored for this graph, read once
+        self.stored: dict[str, Any] | None = stored if isinstance(stored, dict) else None
         self.plan: GraphPlan | None = None
         self.record: CaptureRecord | None = None
 
@@ -113,14 +116,10 @@ class CaptureCheck:
             return None
         return cls(config, gm, key, graph_index)
 
-    def _stored(self) -> dict[str, Any] | None:
-        stored = self.cache.get_json(_KIND, self.key)
-        return stored if isinstance(stored, dict) else None
-
     def stored_eager(self) -> Callable[..., Any] | None:
         """On a warm start where eager won: the graph as traced, its stored plan
         published; None otherwise (the graph compiles)."""
-        stored = self._stored()
+        stored = self.stored
         if not stored or stored.get("winner") != AS_TRACED:
             return None
         try:
@@ -138,15 +137,14 @@ class CaptureCheck:
             return None
         self.plan = plan
         self.record = CaptureRecord(plan.regions[0])
-        stored = self._stored()
-        if stored:
-            self.record.settle(stored.get("measured", {}), stored.get("winner", CAPTURED))
+        if self.stored:
+            self.record.settle(self.stored.get("measured", {}), self.stored.get("winner", CAPTURED))
         return self.record
 
     def wrap(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
         """``compiled``, timed against the graph as traced on its first call; as it is
         where nothing was captured, the graph is not timed, or the decision was stored."""
-        if self.record is None or self._stored() is not None:
+        if self.record is None or self.stored is not None:
             return compiled
         return _FirstCallCheck(self, compiled)
 
