@@ -31,6 +31,7 @@ from .cache import ArtifactCache, current_cache, inductor_cache, using
 from .config import Config
 from .decompositions import onnx_friendly
 from .errors import ConfigError, DispatchError, error_line
+from .graph_trial import in_place_trial
 from .graph_tuning import whole_graph_check
 from .inductor_baseline import compile_as_inductor, inductor_lead
 from .inspect import (
@@ -199,6 +200,7 @@ class _GraphCompiler:
         self.source_wanted = False  # keep the inference graph's source, to store it
         self.source: GraphSource | None = None
         self.stitched: list[StitchedGraph] = []  # the programs this compiler stitched
+        self.timed_whole = False  # graph_tuning times the inference graph on its first call
 
     def with_config(self, config: Config) -> _GraphCompiler:
         """This compiler, for the same graph, under other settings."""
@@ -242,12 +244,14 @@ class _GraphCompiler:
         itself where every region is eager, at the cost of a backend that does
         nothing (torch-level ops, not their aten decompositions; no stitching).
         Regions planned eager hand over at once; regions that fell back to eager
-        on their first call, from the second call."""
+        on their first call, from the second call. A small CPU graph is then
+        timed in place against the Dynamo graph (``graph_trial.py``)."""
         if not self.stitched or not all(p.kind == GRAPH_INFERENCE for p in self.plans):
             return program
         if _all_eager(r for p in self.plans for r in p.regions):
             return gm.forward
-        return _settling(program, gm.forward, self.stitched)
+        routed = _settling(program, gm.forward, self.stitched)
+        return in_place_trial(routed, gm.forward, self.stitched, self.plans, self.config, self.timed_whole)
 
     def _from_cached(
         self, aten: torch.fx.GraphModule, example_inputs: Sequence[Any]
@@ -312,7 +316,9 @@ class _GraphCompiler:
         recorder.publish(GraphRecord(graph_plan, stitched))
         program: Callable[..., Any] = stitched
         if kind == GRAPH_INFERENCE:
-            program = whole_graph_check(stitched, graph_plan, self.config) or stitched
+            check = whole_graph_check(stitched, graph_plan, self.config)
+            self.timed_whole = check is not None
+            program = check or stitched
         if kind == GRAPH_INFERENCE and (wrapper_is_identity or _wrapper_is_identity()):
             self.direct = (program, stitched.inputs)
         return make_boxed_func(program)

@@ -75,6 +75,15 @@ def onnx_exports(monkeypatch):
 
 
 @pytest.fixture
+def routed_throughout(monkeypatch):
+    """Small CPU graphs keep their routes for as many calls as a test makes: the
+    in-place trial against the traced graph (dispatch/graph_trial.py) never starts."""
+    import dispatch.graph_trial as graph_trial
+
+    monkeypatch.setattr(graph_trial, "ROUTED_FIRST_CALLS", 10**9)
+
+
+@pytest.fixture
 def timed(monkeypatch, request):
     """Whole-graph candidates (dispatch/graph_tuning.py) timed by a fake clock:
     milliseconds per candidate from the test's ``param``, 2 ms for the others;

@@ -57,7 +57,7 @@ def test_weights_updated_every_step_stay_right_and_stop_re_exporting(onnx_export
 
 
 @torch.no_grad()
-def test_weights_changed_between_evaluations_are_baked_again_each_time(onnx_exports):
+def test_weights_changed_between_evaluations_are_baked_again_each_time(onnx_exports, routed_throughout):
     """An optimizer step between evaluation passes: each pass is long enough to
     repay a re-export, so the region keeps folding and pre-packing its weights."""
     model, x = MLP().eval(), torch.randn(4, 16)

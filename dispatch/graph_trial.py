@@ -1,0 +1,161 @@
+"""A small CPU inference graph, its routes against the graph as Dynamo traced it,
+timed in place on the user's own calls.
+
+A graph that does little work runs in tens of µs, where ONNX Runtime's call,
+AOTAutograd's wrapper and the wake of a thread pool cost as much as the ops
+save. Timed alone, in a loop of its own, such a graph misleads: on the zoo's
+data_dependent model (three Dynamo graphs around ``nonzero`` and a boolean mask;
+AMD EPYC, AVX-512, 2 cores, 2026-11-26) each graph ran faster on ORT than
+eagerly when timed alone (92 against 115 µs, 26 against 40, 20 against 22),
+while in the model, between torch's indexing ops, the same graphs took 104, 47
+and 44 µs on ORT against 73, 42 and 22 as traced, and the model ran 300 µs a
+call against 220 for a backend that does nothing.
+
+So a CPU inference graph that ``graph_tuning`` does not time whole (its ORT
+regions do under ``TIMED_GRAPH_FLOPS``) is timed where it runs: once its
+regions have compiled and settled their thread counts, its calls alternate
+between the routed program and the Dynamo graph, each call timed, and the
+faster by median serves from then on; a tie goes to the traced graph, which
+holds no thread pool. Every call is a real call, run once: graphs that mutate
+their inputs or draw random numbers are timed as safely as any other. Not
+timed: a forced route, eager not allowed, autotune (which times its own
+candidates), a symbolic size (the calls may differ in size). The decision is
+cached: a warm start where the traced graph won compiles nothing for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from time import perf_counter
+from typing import Any
+
+from . import autotune
+from .cache import ArtifactCache, region_key
+from .config import Config
+from .region import GraphPlan
+from .routes.onnx_threads import TRIAL_CALLS as THREAD_TRIAL_CALLS
+from .routes.onnx_threads import WARM_CALLS as THREAD_WARM_CALLS
+from .stitch import StitchedGraph
+
+log = logging.getLogger("dispatch")
+
+AS_ROUTED = "as routed"
+AS_TRACED = "as traced"
+IN_PLACE = "in place"  # the key of this measurement in each region's ``measured``
+# The routed program runs alone for its first calls: the first compiles its
+# regions, and ORT regions of middling work then try their thread counts
+# (onnx_threads.ThreadCountTrial) over this many calls.
+ROUTED_FIRST_CALLS = 1 + 2 * (THREAD_WARM_CALLS + THREAD_TRIAL_CALLS)
+WARM_CALLS = 2  # untimed calls of each side once the sides alternate
+TIMED_CALLS = 16  # timed calls of each side
+_KIND = "in-place-trial"
+
+
+def in_place_trial(
+    routed: Callable[..., Any],
+    traced: Callable[..., Any],
+    stitched: Sequence[StitchedGraph],
+    plans: Sequence[GraphPlan],
+    config: Config,
+    timed_whole: bool,
+) -> Callable[..., Any]:
+    """What Dynamo calls for an inference graph whose regions are not all eager:
+    ``routed``, or an ``InPlaceTrial`` of it against ``traced`` where the graph
+    qualifies (module docstring; ``timed_whole``: graph_tuning times it already).
+    A cached decision is applied at once."""
+    if timed_whole or not _qualifies(plans, config):
+        return routed
+    trial = InPlaceTrial(routed, traced, stitched, ArtifactCache(config.cache_dir))
+    return trial.settled() or trial
+
+
+def _qualifies(plans: Sequence[GraphPlan], config: Config) -> bool:
+    if config.forced or config.autotune or not config.allows("eager"):
+        return False
+    return all(p.devices == {"cpu"} and not p.dynamic for p in plans)
+
+
+class InPlaceTrial:
+    """Runs a graph's calls on the routed program alone for ``ROUTED_FIRST_CALLS``,
+    then on the traced graph and the routed program in turn, timing each call,
+    and keeps the faster (``decide``)."""
+
+    def __init__(
+        self,
+        routed: Callable[..., Any],
+        traced: Callable[..., Any],
+        stitched: Sequence[StitchedGraph],
+        cache: ArtifactCache,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.sides = {AS_ROUTED: routed, AS_TRACED: traced}
+        self.runners = [r for s in stitched for r in s.runners]
+        self.cache = cache
+        self.key = region_key(
+            stitched[0].gm,
+            *(s.gm.code for s in stitched[1:]),
+            *(region_key(r.gm, tuple(r.chain)) for r in self.runners),
+            IN_PLACE,
+        )
+        self.clock = clock or perf_counter
+        self.calls = 0
+        self.times: dict[str, list[float]] = {AS_ROUTED: [], AS_TRACED: []}
+        self.chosen: Callable[..., Any] | None = None
+        self._lock = threading.Lock()
+
+    def settled(self) -> Callable[..., Any] | None:
+        """The winner, where the decision is cached (a warm start), else None."""
+        decision = self.cache.get_json(_KIND, self.key)
+        if decision is None or decision.get("winner") not in self.sides:
+            return None
+        self._apply(decision, cached=True)
+        return self.chosen
+
+    def __call__(self, *args: Any) -> Any:
+        chosen = self.chosen
+        if chosen is not None:
+            return chosen(*args)
+        with self._lock:  # the trial's calls run one at a time
+            if self.chosen is not None:
+                return self.chosen(*args)
+            self.calls += 1
+            if self.calls <= ROUTED_FIRST_CALLS:
+                return self.sides[AS_ROUTED](*args)
+            side = AS_TRACED if self.calls % 2 else AS_ROUTED
+            start = self.clock()
+            out = self.sides[side](*args)
+            self.times[side].append(self.clock() - start)
+            if min(len(t) for t in self.times.values()) >= WARM_CALLS + TIMED_CALLS:
+                self.decide()
+            return out
+
+    def decide(self) -> None:
+        """Keep the side with the lower median time per call; store the decision."""
+        if all(r.chain[0] == "eager" for r in self.runners):
+            # Every region fell back on its first call: nothing left to compare.
+            self.chosen = self.sides[AS_ROUTED]
+            return
+        seconds = {side: _median(t[WARM_CALLS:]) for side, t in self.times.items()}
+        decision = {side: autotune.format_seconds(s) for side, s in seconds.items()}
+        decision["winner"] = AS_ROUTED if seconds[AS_ROUTED] < seconds[AS_TRACED] else AS_TRACED
+        self.cache.put_json(_KIND, self.key, decision)
+        self._apply(decision, cached=False)
+
+    def _apply(self, decision: dict[str, Any], cached: bool) -> None:
+        line = f"{AS_ROUTED} {decision[AS_ROUTED]}, {AS_TRACED} {decision[AS_TRACED]}" + (
+            " (cached)" if cached else ""
+        )
+        winner = decision["winner"]
+        for runner in self.runners:
+            runner.run.measured[IN_PLACE] = line
+            if winner == AS_TRACED and runner.chain[0] != "eager":
+                runner.run_eager(f"slower in place than the graph as traced, by measurement: {line}")
+        log.info("graph in-place trial: %s won (%s)", winner, line)
+        self.chosen = self.sides[winner]
+        self.sides = {winner: self.chosen}  # the loser's memory goes with it
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]

@@ -1,0 +1,189 @@
+"""A small CPU inference graph is timed in place, on the user's own calls, against
+the graph as Dynamo traced it (``dispatch/graph_trial.py``); the faster serves.
+
+A fake clock decides: ONNX Runtime's runs cost what the test says, the rest
+nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dispatch.graph_trial as graph_trial
+import dispatch.routes.onnxrt as onnxrt_route
+from dispatch.graph_trial import IN_PLACE, ROUTED_FIRST_CALLS, TIMED_CALLS, WARM_CALLS
+from dispatch.record import recorder
+
+#: calls until the trial has decided
+TRIAL_LENGTH = ROUTED_FIRST_CALLS + 2 * (WARM_CALLS + TIMED_CALLS)
+
+
+def small():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+
+
+@pytest.fixture
+def ort_costs(monkeypatch):
+    """Set ``ort_costs[0]`` to what each ORT run costs on a fake clock, in seconds;
+    the traced graph's ops cost ``ort_costs[1]`` each call of the trial."""
+    now, costs = [0.0], [0.0, 0.0]
+    real_run = onnxrt_route._BoundRunner.__call__
+
+    def ort_run(self, *args):
+        now[0] += costs[0]
+        return real_run(self, *args)
+
+    def clock():
+        return now[0]
+
+    real_init = graph_trial.InPlaceTrial.__init__
+
+    def init(self, routed, traced, *args, **kwargs):
+        def charged(*inputs):
+            now[0] += costs[1]
+            return traced(*inputs)
+
+        real_init(self, routed, charged, *args, **kwargs)
+
+    monkeypatch.setattr(onnxrt_route._BoundRunner, "__call__", ort_run)
+    monkeypatch.setattr(graph_trial, "perf_counter", clock)
+    monkeypatch.setattr(graph_trial.InPlaceTrial, "__init__", init)
+    return costs
+
+
+class InplaceInput(torch.nn.Module):
+    """Normalises its input in place and counts its calls in a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.l = torch.nn.Linear(16, 16)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        x.sub_(x.mean(-1, keepdim=True))
+        self.calls.add_(1)
+        return torch.relu(self.l(x)) * 2
+
+
+def _compiled(model, **compile_kwargs):
+    """The compiled model and the regions of the graphs it compiles, as they turn out."""
+    with recorder.recording() as graphs:
+        compiled = torch.compile(model, backend="auto", **compile_kwargs)
+        compiled(torch.randn(8, 16))  # the recording is open while Dynamo compiles
+    return compiled, graphs
+
+
+def _regions(graphs):
+    return [r for g in graphs for r in g.regions]
+
+
+def _calls(compiled, model, x, n):
+    for _ in range(n):
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+@torch.no_grad()
+def test_a_small_graph_slower_on_onnx_in_place_runs_as_traced(ort_costs, onnx_exports):
+    ort_costs[:] = [2e-3, 1e-3]
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, TRIAL_LENGTH - 2)
+    (region,) = _regions(graphs)
+    assert region.route == "onnxrt" and IN_PLACE not in region.measured  # one call to go
+    _calls(compiled, model, x, 1)
+    (region,) = _regions(graphs)
+    line = "as routed 2.00 ms, as traced 1.00 ms"
+    assert (region.planned_route, region.route) == ("onnxrt", "eager")
+    assert region.measured[IN_PLACE] == line
+    assert region.rejected["onnxrt"] == f"slower in place than the graph as traced, by measurement: {line}"
+    _calls(compiled, model, x, 3)
+    assert onnx_exports[0] == 1
+
+    torch._dynamo.reset()  # a warm start: the stored decision, nothing exported or timed
+    ort_costs[:] = [0.0, 0.0]
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, 3)
+    (region,) = _regions(graphs)
+    assert region.route == "eager" and region.measured[IN_PLACE] == f"{line} (cached)"
+    assert onnx_exports[0] == 1, "a warm start where the traced graph won exported again"
+
+
+@torch.no_grad()
+def test_a_small_graph_faster_on_onnx_in_place_stays(ort_costs):
+    ort_costs[:] = [1e-3, 2e-3]
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, TRIAL_LENGTH + 3)
+    (region,) = _regions(graphs)
+    assert region.route == "onnxrt"
+    assert region.measured[IN_PLACE] == "as routed 1.00 ms, as traced 2.00 ms"
+
+    torch._dynamo.reset()
+    compiled, graphs = _compiled(model)
+    (region,) = _regions(graphs)
+    assert region.route == "onnxrt" and region.measured[IN_PLACE].endswith("(cached)")
+
+
+@torch.no_grad()
+def test_a_tie_goes_to_the_traced_graph(ort_costs):
+    ort_costs[:] = [1e-3, 1e-3]
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, TRIAL_LENGTH)
+    assert [r.route for r in _regions(graphs)] == ["eager"]
+
+
+@pytest.mark.parametrize("traced_wins", [True, False])
+@torch.no_grad()
+def test_a_graph_that_mutates_its_input_is_timed_on_real_calls_alone(ort_costs, traced_wins):
+    """Every call of the trial runs once, on one side: the input and the buffer are
+    updated once per call, as eagerly."""
+    ort_costs[:] = [2e-3, 1e-3] if traced_wins else [1e-3, 2e-3]
+    model = InplaceInput().eval()
+    reference = InplaceInput().eval()
+    compiled, graphs = _compiled(model)
+    reference(torch.randn(8, 16))  # the call _compiled made
+    x = torch.randn(8, 16)
+    x_eager = x.clone()
+    for _ in range(TRIAL_LENGTH + 3):
+        torch.testing.assert_close(compiled(x), reference(x_eager))
+        torch.testing.assert_close(x, x_eager)
+    assert model.calls.item() == reference.calls.item() == TRIAL_LENGTH + 4
+    routes = {r.route for r in _regions(graphs)}
+    assert routes == {"eager"} if traced_wins else "onnxrt" in routes
+    assert all(IN_PLACE in r.measured for r in _regions(graphs))
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"env": ("DISPATCH_ROUTE", "onnxrt")}, {"options": {"autotune": True}}, {"dynamic": True}],
+    ids=["forced", "autotune", "dynamic"],
+)
+@torch.no_grad()
+def test_graphs_not_timed_in_place(ort_costs, monkeypatch, setting):
+    ort_costs[:] = [2e-3, 1e-3]
+    if "env" in setting:
+        monkeypatch.setenv(*setting["env"])
+    kwargs = {k: v for k, v in setting.items() if k != "env"}
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model, **kwargs)
+    _calls(compiled, model, x, TRIAL_LENGTH + 3)
+    assert graphs and all(IN_PLACE not in r.measured for r in _regions(graphs))
+    assert "onnxrt" in {r.route for r in _regions(graphs)}
+
+
+@pytest.mark.parametrize("timed", [{"all eager": 3.0}], indirect=True)
+@torch.no_grad()
+def test_a_graph_timed_whole_is_not_timed_again_in_place(ort_costs, timed):
+    from tests.test_timed_graphs import LARGE
+
+    ort_costs[:] = [2e-3, 1e-3]
+    model, (x,) = LARGE
+    with recorder.recording() as graphs:
+        compiled = torch.compile(model, backend="auto")
+        _calls(compiled, model, x, TRIAL_LENGTH + 3)
+    (region,) = _regions(graphs)
+    assert region.route == "onnxrt" and "whole graph" in region.measured
+    assert IN_PLACE not in region.measured
