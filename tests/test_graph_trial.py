@@ -49,6 +49,7 @@ def ort_costs(monkeypatch):
     monkeypatch.setattr(onnxrt_route._BoundRunner, "__call__", ort_run)
     monkeypatch.setattr(graph_trial, "perf_counter", clock)
     monkeypatch.setattr(graph_trial.InPlaceTrial, "__init__", init)
+    monkeypatch.setattr(graph_trial, "TRIAL_SLOT", graph_trial.TrialSlot())
     return costs
 
 
@@ -172,6 +173,46 @@ def test_graphs_not_timed_in_place(ort_costs, monkeypatch, setting):
     _calls(compiled, model, x, TRIAL_LENGTH + 3)
     assert graphs and all(IN_PLACE not in r.measured for r in _regions(graphs))
     assert "onnxrt" in {r.route for r in _regions(graphs)}
+
+
+class TwoGraphs(torch.nn.Module):
+    """Two Dynamo graphs, one on each side of a graph break."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        torch._dynamo.graph_break()
+        return torch.sigmoid(self.b(h))
+
+
+@torch.no_grad()
+def test_the_graphs_of_a_model_take_turns(ort_costs):
+    """Each graph is timed beside the other's decided route, not beside its trial."""
+    ort_costs[:] = [2e-3, 1e-3]
+    model, x = TwoGraphs().eval(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, TRIAL_LENGTH + 3)
+    decided = [IN_PLACE in r.measured for r in _regions(graphs)]
+    assert sorted(decided) == [False, True]  # the first graph's turn only
+    _calls(compiled, model, x, 2 * (WARM_CALLS + TIMED_CALLS))
+    assert [r.route for r in _regions(graphs)] == ["eager", "eager"]
+
+
+def test_a_graph_no_longer_called_loses_its_turn(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(graph_trial, "monotonic", lambda: now[0])
+    slot, first, second = graph_trial.TrialSlot(), object(), object()
+    assert slot.take(first) and not slot.take(second)
+    now[0] += slot.STALE_S / 2
+    assert slot.take(first) and not slot.take(second)  # still called: keeps its turn
+    now[0] += slot.STALE_S
+    assert slot.take(second) and not slot.take(first)
+    slot.release(second)
+    assert slot.take(first)
 
 
 @pytest.mark.parametrize("timed", [{"all eager": 3.0}], indirect=True)
