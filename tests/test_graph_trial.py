@@ -23,31 +23,34 @@ def small():
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
 
 
+class Costs(list):
+    """[each ORT run, each traced call of the trial], in seconds of a fake clock."""
+
+    def __init__(self) -> None:
+        super().__init__([0.0, 0.0])
+        self.now = 0.0
+
+
 @pytest.fixture
 def ort_costs(monkeypatch):
-    """Set ``ort_costs[0]`` to what each ORT run costs on a fake clock, in seconds;
-    the traced graph's ops cost ``ort_costs[1]`` each call of the trial."""
-    now, costs = [0.0], [0.0, 0.0]
+    costs = Costs()
     real_run = onnxrt_route._BoundRunner.__call__
 
     def ort_run(self, *args):
-        now[0] += costs[0]
+        costs.now += costs[0]
         return real_run(self, *args)
-
-    def clock():
-        return now[0]
 
     real_init = graph_trial.InPlaceTrial.__init__
 
     def init(self, routed, traced, *args, **kwargs):
         def charged(*inputs):
-            now[0] += costs[1]
+            costs.now += costs[1]
             return traced(*inputs)
 
         real_init(self, routed, charged, *args, **kwargs)
 
     monkeypatch.setattr(onnxrt_route._BoundRunner, "__call__", ort_run)
-    monkeypatch.setattr(graph_trial, "perf_counter", clock)
+    monkeypatch.setattr(graph_trial, "perf_counter", lambda: costs.now)
     monkeypatch.setattr(graph_trial.InPlaceTrial, "__init__", init)
     monkeypatch.setattr(graph_trial, "TRIAL_SLOT", graph_trial.TrialSlot())
     return costs
@@ -125,6 +128,18 @@ def test_a_small_graph_faster_on_onnx_in_place_stays(ort_costs):
     compiled, graphs = _compiled(model)
     (region,) = _regions(graphs)
     assert region.route == "onnxrt" and region.measured[IN_PLACE].endswith("(cached)")
+
+
+@pytest.mark.parametrize("ort_s, kept", [(0.85e-3, "onnxrt"), (0.95e-3, "eager")])
+@torch.no_grad()
+def test_the_routed_program_must_win_by_a_margin(ort_costs, ort_s, kept):
+    """What an ORT run costs the code after it is not in its call: it must take
+    under ROUTED_MARGIN of the traced graph's time to stay."""
+    ort_costs[:] = [ort_s, 1e-3]
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, TRIAL_LENGTH)
+    assert [r.route for r in _regions(graphs)] == [kept]
 
 
 @torch.no_grad()
