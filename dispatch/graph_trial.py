@@ -27,6 +27,10 @@ their inputs or draw random numbers are timed as safely as any other. Not
 timed: a forced route, eager not allowed, autotune (which times its own
 candidates), a symbolic size (the calls may differ in size). The decision is
 cached: a warm start where the traced graph won compiles nothing for it.
+
+ORT and torch may round a value differently in its last bit, and Dynamo
+guards the code after an ``.item()`` graph break on the exact value read: a
+trial there can make Dynamo compile that code once more, for the other value.
 """
 
 from __future__ import annotations

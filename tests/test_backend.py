@@ -309,7 +309,7 @@ def test_ort_workers_stop_spinning_when_a_run_returns(monkeypatch, rows, one_thr
     assert sides == ([True, True] if one_thread else [False, True, False, True])
 
 
-def test_a_mid_sized_region_keeps_the_thread_count_measured_in_place(monkeypatch, caplog):
+def test_a_mid_sized_region_keeps_the_thread_count_measured_in_place(monkeypatch, caplog, routed_throughout):
     """17 MFLOP between torch ops: the first calls run on ORT's pool and on one thread
     in turn, every output right, and each region then keeps one of them."""
     import onnxruntime
