@@ -22,8 +22,9 @@ ORT against 76 without it, about a tenth of the graphs' own time. Timing each
 call to the next one's start instead would count it, but graph by graph that
 settles in the wrong place: beside ORT regions in the other graphs, each graph
 measured the same either way (311 against 317 µs), while all three as traced
-ran the model in 220 µs against 300. Every call is a real call, run once: graphs that mutate
-their inputs or draw random numbers are timed as safely as any other. Not
+ran the model in 220 µs against 300. Every call is a real call, run once:
+graphs that mutate their inputs or draw random numbers are timed as safely as
+any other. Not
 timed: a forced route, eager not allowed, autotune (which times its own
 candidates), a symbolic size (the calls may differ in size). The decision is
 cached: a warm start where the traced graph won compiles nothing for it.
@@ -144,7 +145,8 @@ class InPlaceTrial:
             return out
 
     def decide(self) -> None:
-        """Keep the side with the lower median time per call; store the decision."""
+        """Keep the routed program where its median call took under ``ROUTED_MARGIN``
+        of the traced graph's, else the traced graph; store the decision."""
         if all(r.chain[0] == "eager" for r in self.runners):
             # Every region fell back on its first call: nothing left to compare.
             self.chosen = self.sides[AS_ROUTED]
