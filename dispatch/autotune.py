@@ -12,6 +12,7 @@ nothing.
 from __future__ import annotations
 
 import functools
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -132,7 +133,7 @@ def median_call_s(
                 fn(*args)
             sync()
             samples[route].append((time.perf_counter() - start) / calls[route])
-    return {route: sorted(v)[len(v) // 2] for route, v in samples.items()}
+    return {route: statistics.median_high(v) for route, v in samples.items()}
 
 
 def synchronizer(args: Sequence[Any]) -> Callable[[], None]:

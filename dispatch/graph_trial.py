@@ -37,6 +37,7 @@ trial there can make Dynamo compile that code once more, for the other value.
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 from collections.abc import Callable, Sequence
 from time import monotonic, perf_counter
@@ -151,7 +152,7 @@ class InPlaceTrial:
             # Every region fell back on its first call: nothing left to compare.
             self.chosen = self.sides[AS_ROUTED]
             return
-        seconds = {side: _median(t[WARM_CALLS:]) for side, t in self.times.items()}
+        seconds = {side: statistics.median_high(t[WARM_CALLS:]) for side, t in self.times.items()}
         decision = {side: autotune.format_seconds(s) for side, s in seconds.items()}
         faster = seconds[AS_ROUTED] < ROUTED_MARGIN * seconds[AS_TRACED]
         decision["winner"] = AS_ROUTED if faster else AS_TRACED
@@ -208,7 +209,3 @@ class TrialSlot:
 
 
 TRIAL_SLOT = TrialSlot()
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]

@@ -28,6 +28,7 @@ where one thread took 393.
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -115,7 +116,7 @@ class ThreadCountTrial:
             return out
 
     def _settle(self) -> None:
-        pool, one = (_median(self.times[side][WARM_CALLS:]) for side in (False, True))
+        pool, one = (statistics.median_high(self.times[side][WARM_CALLS:]) for side in (False, True))
         one_thread = pool > POOL_MARGIN * one
         self.chosen = self.sessions[one_thread]
         self.sessions = {}  # the other session's memory goes with it
@@ -125,7 +126,3 @@ class ThreadCountTrial:
             pool * 1e6,
             one * 1e6,
         )
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
