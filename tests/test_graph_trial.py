@@ -6,11 +6,14 @@ nothing."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 import dispatch.graph_trial as graph_trial
 import dispatch.routes.onnxrt as onnxrt_route
+from benchmarks.zoo.models import InplaceInput
 from dispatch.graph_trial import IN_PLACE, ROUTED_FIRST_CALLS, TIMED_CALLS, WARM_CALLS
 from dispatch.record import recorder
 
@@ -56,26 +59,12 @@ def ort_costs(monkeypatch):
     return costs
 
 
-class InplaceInput(torch.nn.Module):
-    """Normalises its input in place and counts its calls in a buffer."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.l = torch.nn.Linear(16, 16)
-        self.register_buffer("calls", torch.zeros(()))
-
-    def forward(self, x):
-        x.sub_(x.mean(-1, keepdim=True))
-        self.calls.add_(1)
-        return torch.relu(self.l(x)) * 2
-
-
-def _compiled(model, **compile_kwargs):
-    """The compiled model and the regions of the graphs it compiles, as they turn out."""
+def _compiled(model, example=None, **compile_kwargs):
+    """The compiled model, called once on ``example`` (8x16 by default), and the
+    regions of the graphs it compiles, as they turn out."""
     with recorder.recording() as graphs:
         compiled = torch.compile(model, backend="auto", **compile_kwargs)
-        compiled(torch.randn(8, 16))  # the recording is open while Dynamo compiles
+        compiled(torch.randn(8, 16) if example is None else example)  # Dynamo compiles in the recording
     return compiled, graphs
 
 
@@ -157,11 +146,12 @@ def test_a_graph_that_mutates_its_input_is_timed_on_real_calls_alone(ort_costs, 
     """Every call of the trial runs once, on one side: the input and the buffer are
     updated once per call, as eagerly."""
     ort_costs[:] = [2e-3, 1e-3] if traced_wins else [1e-3, 2e-3]
-    model = InplaceInput().eval()
-    reference = InplaceInput().eval()
-    compiled, graphs = _compiled(model)
-    reference(torch.randn(8, 16))  # the call _compiled made
-    x = torch.randn(8, 16)
+    torch.manual_seed(0)
+    model = InplaceInput().eval()  # the zoo's: normalises its input in place, counts calls in a buffer
+    reference = copy.deepcopy(model)
+    compiled, graphs = _compiled(model, torch.randn(8, 128))
+    reference(torch.randn(8, 128))  # the call _compiled made
+    x = torch.randn(8, 128)
     x_eager = x.clone()
     for _ in range(TRIAL_LENGTH + 3):
         torch.testing.assert_close(compiled(x), reference(x_eager))
