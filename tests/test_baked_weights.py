@@ -93,6 +93,30 @@ def test_the_byte_check_covers_both_ends_of_a_non_contiguous_weight():
     assert baked.changed([weight])
 
 
+@pytest.mark.parametrize("count", [1, 2, 9])
+@pytest.mark.parametrize("change", ["in place", "new data", "inference tensor swapped"])
+def test_a_change_to_any_one_of_the_weights_is_seen(count, change):
+    """Each kind of change, to the last of ``count`` weights laid between other
+    arguments, and none where nothing changed."""
+    with torch.inference_mode(change == "inference tensor swapped"):
+        weights = [torch.randn(8, 8) for _ in range(count)]
+    args = [x for w in weights for x in (torch.randn(2), w)]
+    positions = list(range(1, 2 * count, 2))
+    baked = BakedWeights(args, positions)
+    assert not baked.changed(args)
+    assert not baked.changed(list(args))  # the same tensors in another list
+    target = weights[-1]
+    if change == "in place":
+        with torch.no_grad():
+            target.mul_(1.0)  # same values, a new version
+    elif change == "new data":
+        target.data = target.clone()  # same values, another address
+    else:
+        with torch.inference_mode():
+            args[positions[-1]] = target.clone()
+    assert baked.changed(args)
+
+
 def test_a_small_weight_is_compared_whole():
     bias = torch.randn(EDGE_BYTES // 4)  # fp32: fewer bytes than two edges
     baked = BakedWeights([bias], [0])

@@ -40,6 +40,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
+import operator
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -70,10 +71,13 @@ class BakedWeights:
         import numpy as np  # onnxruntime's dependency: this module serves the onnxrt route
 
         tensors = [args[i] for i in positions]
-        pairs = list(zip(positions, tensors))
-        self.versions = [(i, t._version, t.data_ptr()) for i, t in pairs if not t.is_inference()]
         # Inference tensors (made under inference_mode) have no version counter.
-        self.addresses = [(i, t.data_ptr()) for i, t in pairs if t.is_inference()]
+        counted = [i for i, t in zip(positions, tensors) if not t.is_inference()]
+        uncounted = [i for i, t in zip(positions, tensors) if t.is_inference()]
+        self.counted, self.uncounted = _picker(counted), _picker(uncounted)
+        self.versions = list(map(_VERSION, self.counted(args)))
+        self.addresses = list(map(_ADDRESS, self.counted(args)))
+        self.uncounted_addresses = list(map(_ADDRESS, self.uncounted(args)))
         on_cpu = [t for t in tensors if t.device.type == "cpu" and t.numel()]
         # Held, so that no other tensor takes a weight's address while this object
         # lives (an address compared equal is the same weight), and so that the
@@ -91,16 +95,28 @@ class BakedWeights:
         self.baked = self.memory[self.offsets]
 
     def changed(self, args: Sequence[Any]) -> bool:
-        for i, version, ptr in self.versions:
-            t = args[i]
-            if t._version != version or t.data_ptr() != ptr:
-                return True
-        for i, ptr in self.addresses:
-            if args[i].data_ptr() != ptr:
-                return True
+        # map() over C getters: 11 µs for hf_resnet's 80 weights where a Python
+        # loop over them took 23, on every call of the region.
+        counted = self.counted(args)
+        if list(map(_VERSION, counted)) != self.versions or list(map(_ADDRESS, counted)) != self.addresses:
+            return True
+        if self.uncounted_addresses and list(map(_ADDRESS, self.uncounted(args))) != self.uncounted_addresses:
+            return True
         if self.memory is None:
             return False
         return bool((self.memory[self.offsets] != self.baked).any())
+
+
+_VERSION = operator.attrgetter("_version")
+_ADDRESS = torch.Tensor.data_ptr
+
+
+def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """The arguments at ``positions``, as a sequence (``itemgetter`` returns a
+    bare item for one position and refuses none)."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    return lambda args: [args[i] for i in positions]
 
 
 def _edge_addresses(t: torch.Tensor) -> Any:
