@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import statistics
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from time import monotonic, perf_counter
 from typing import Any
@@ -184,12 +185,14 @@ class TrialSlot:
     where as traced it ran in 48-55. So the graphs take turns, each timed beside
     the decisions made before it (the others run routed, untimed, meanwhile).
     A trial whose graph has not been called for ``STALE_S`` loses its turn (a
-    graph run once at start-up must not hold the others back)."""
+    graph run once at start-up must not hold the others back), and one whose
+    model is gone loses it at once: the turn is held by a weak reference, which
+    keeps no deleted model's regions and sessions alive."""
 
     STALE_S = 1.0
 
     def __init__(self) -> None:
-        self._owner: InPlaceTrial | None = None
+        self._owner: weakref.ref[InPlaceTrial] | None = None
         self._seen = 0.0
         self._lock = threading.Lock()
 
@@ -197,14 +200,15 @@ class TrialSlot:
         """True where ``trial`` may time this call (it holds the slot or takes it)."""
         now = monotonic()
         with self._lock:
-            if self._owner is not None and self._owner is not trial and now - self._seen < self.STALE_S:
+            owner = self._owner() if self._owner is not None else None
+            if owner is not None and owner is not trial and now - self._seen < self.STALE_S:
                 return False
-            self._owner, self._seen = trial, now
+            self._owner, self._seen = weakref.ref(trial), now
             return True
 
     def release(self, trial: InPlaceTrial) -> None:
         with self._lock:
-            if self._owner is trial:
+            if self._owner is not None and self._owner() is trial:
                 self._owner = None
 
 

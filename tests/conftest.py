@@ -74,6 +74,16 @@ def onnx_exports(monkeypatch):
     return count
 
 
+@pytest.fixture(autouse=True)
+def own_trial_slot(monkeypatch):
+    """Each test's graphs take turns at the in-place trial among themselves: a
+    graph of an earlier test still holding the turn would start this test's
+    trials a second late, in the middle of what it measures."""
+    import dispatch.graph_trial as graph_trial
+
+    monkeypatch.setattr(graph_trial, "TRIAL_SLOT", graph_trial.TrialSlot())
+
+
 @pytest.fixture
 def routed_throughout(monkeypatch):
     """Small CPU graphs keep their routes for as many calls as a test makes: the

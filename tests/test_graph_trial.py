@@ -7,6 +7,7 @@ nothing."""
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -207,10 +208,14 @@ def test_the_graphs_of_a_model_take_turns(ort_costs):
     assert [r.route for r in _regions(graphs)] == ["eager", "eager"]
 
 
+class _Trial:
+    """Stands for an ``InPlaceTrial`` where only the slot is under test."""
+
+
 def test_a_graph_no_longer_called_loses_its_turn(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(graph_trial, "monotonic", lambda: now[0])
-    slot, first, second = graph_trial.TrialSlot(), object(), object()
+    slot, first, second = graph_trial.TrialSlot(), _Trial(), _Trial()
     assert slot.take(first) and not slot.take(second)
     now[0] += slot.STALE_S / 2
     assert slot.take(first) and not slot.take(second)  # still called: keeps its turn
@@ -218,6 +223,26 @@ def test_a_graph_no_longer_called_loses_its_turn(monkeypatch):
     assert slot.take(second) and not slot.take(first)
     slot.release(second)
     assert slot.take(first)
+
+
+@torch.no_grad()
+def test_a_deleted_model_mid_trial_frees_the_turn(ort_costs, monkeypatch):
+    """A model deleted while its graph held the turn does not keep the next
+    model's graphs from their trials (``test_leaks`` checks what it frees)."""
+    monkeypatch.setattr(graph_trial.TrialSlot, "STALE_S", 1e9)  # only the deletion may free it
+    ort_costs[:] = [2e-3, 1e-3]
+    first, x = small(), torch.randn(8, 16)
+    compiled, _ = _compiled(first)
+    _calls(compiled, first, x, ROUTED_FIRST_CALLS + 1)  # its trial has taken the turn
+    del compiled, first
+    torch._dynamo.reset()  # Dynamo lets go of the graph; only the slot could still hold it
+    gc.collect()
+
+    second = small()
+    compiled, graphs = _compiled(second)
+    _calls(compiled, second, x, TRIAL_LENGTH + 3)
+    (region,) = _regions(graphs)
+    assert region.route == "eager" and IN_PLACE in region.measured
 
 
 @pytest.mark.parametrize("timed", [{"all eager": 3.0}], indirect=True)

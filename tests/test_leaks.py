@@ -8,6 +8,7 @@ import psutil
 import pytest
 import torch
 
+from dispatch.graph_trial import ROUTED_FIRST_CALLS
 from dispatch.stitch import RegionRunner
 
 ort = pytest.importorskip("onnxruntime")
@@ -78,6 +79,23 @@ def test_dropped_models_free_sessions_and_regions(tracked):
 @pytest.mark.slow
 def test_two_hundred_dropped_models_free_everything(tracked):
     _compile_and_drop(200, tracked)
+
+
+def test_a_model_deleted_mid_trial_frees_its_regions(tracked):
+    """Deleted while its graph's in-place trial held the turn (``graph_trial.py``):
+    the turn is no reference."""
+    sessions, runners = tracked
+    model, x = small_model(), torch.randn(2, 8)
+    compiled = torch.compile(model, backend="auto")
+    with torch.no_grad():
+        for _ in range(ROUTED_FIRST_CALLS + 1):  # the trial's first timed call takes the turn
+            compiled(x)
+    assert _alive(sessions) >= 1, "the model did not run on onnxrt: nothing to check"
+    del model, compiled
+    torch._dynamo.reset()
+    gc.collect()
+    assert _alive(sessions) == 0, f"{_alive(sessions)} of {len(sessions)} ORT sessions still alive"
+    assert _alive(runners) == 0, f"{_alive(runners)} compiled regions still alive"
 
 
 def test_a_deleted_model_frees_its_session_while_dynamo_keeps_the_graph(tracked):
