@@ -46,6 +46,7 @@ AS_ROUTED = "as routed"
 ALL_EAGER = "all eager"
 ON_INDUCTOR = "regions on inductor"  # the regions of routes that cut inductor's graph
 WHOLE_GRAPH = "whole graph"  # the key of this measurement in each region's ``measured``
+INDUCTOR_UNTRIED = "inductor untried"  # a decision's note: why inductor was not compiled
 _CUTTING_ROUTE = "onnxrt"  # runs on threads of its own: its regions contend with the eager ones
 # An ORT graph below this much work is not timed: it runs in tens of µs, where
 # Dynamo's own call dominates and the routes differ by less than a busy
@@ -181,15 +182,22 @@ class WholeGraphCheck:
             if ON_INDUCTOR in self.rivals:
                 compiled = self._add_inductor(candidates, region_args)
             seconds = self._timed(candidates, args)
-            if (
-                self.inductor_past is not None
-                and seconds[AS_ROUTED] > self.inductor_past * seconds[ALL_EAGER]
-            ):
-                compiled = self._add_inductor(candidates, region_args)
-                if compiled:
-                    seconds = self._timed(candidates, args)
+            untried = None
+            if self.inductor_past is not None:
+                share = seconds[AS_ROUTED] / seconds[ALL_EAGER]
+                if share > self.inductor_past:
+                    compiled = self._add_inductor(candidates, region_args)
+                    if compiled:
+                        seconds = self._timed(candidates, args)
+                else:
+                    untried = (
+                        f"inductor not compiled: as routed took {share:.2f} of all eager's time, "
+                        f"at most {self.inductor_past} (autotune times it: DISPATCH_AUTOTUNE=1)"
+                    )
             decision = {name: autotune.format_seconds(s) for name, s in seconds.items()}
             decision["winner"] = min(seconds, key=lambda name: seconds[name])
+            if untried is not None:
+                decision[INDUCTOR_UNTRIED] = untried
             self.cache.put_json("whole-graph", self._key(), decision)
         self._apply(decision, compiled)
 
@@ -219,9 +227,10 @@ class WholeGraphCheck:
         line = ", ".join(
             f"{name} {decision[name]}" for name in (AS_ROUTED, ALL_EAGER, ON_INDUCTOR) if name in decision
         )
-        for runner in self.runners:
-            runner.run.measured[WHOLE_GRAPH] = line
         winner = decision["winner"]
+        note = f"; {decision[INDUCTOR_UNTRIED]}" if INDUCTOR_UNTRIED in decision else ""
+        for runner in self.runners:
+            runner.run.measured[WHOLE_GRAPH] = line + note
         reason = f"slower as a whole graph by measurement: {line}"
         for runner in self.runners:
             if winner == ALL_EAGER and runner.chain[0] != "eager":
