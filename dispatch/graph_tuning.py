@@ -20,9 +20,10 @@ On Mixtral the ORT regions ran 2x slower in place than alone, and the graph
 Any other CPU inference graph that ONNX Runtime runs is timed too, where it
 does enough work for the routes to differ by more than a timer sees: as routed
 against all eager and, where ORT did not run it in well under eager's time,
-against inductor. ORT is not always the fastest: on the zoo's
-layer_graph_break (LayerNorm and a 128-256-128 MLP on 512 rows) ORT's GEMMs
-ran the layer in 595 µs, eager in 506 and inductor in 518.
+against inductor (where it is not compiled, the decision says so and
+``explain`` shows the share that kept it out). ORT is not always the fastest:
+on the zoo's layer_graph_break (LayerNorm and a 128-256-128 MLP on 512 rows)
+ORT's GEMMs ran the layer in 595 µs, eager in 506 and inductor in 518.
 """
 
 from __future__ import annotations
