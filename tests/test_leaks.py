@@ -47,12 +47,19 @@ def test_rss_is_flat_over_twenty_thousand_calls():
     process = psutil.Process()
     for _ in range(2_000):  # warm up: arenas, caches, first-call allocations
         compiled(x)
-    before = process.memory_info().rss
-    for _ in range(20_000):
-        compiled(x)
-    growth = process.memory_info().rss - before
-    # A leak of one 16-byte output per call alone would be 320 kB; of a tensor object, megabytes.
-    assert growth < 2 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over 20,000 calls"
+    growths = []
+    for _ in range(3):
+        before = process.memory_info().rss
+        for _ in range(20_000):
+            compiled(x)
+        growths.append(process.memory_info().rss - before)
+    # A leak grows RSS in every window: of a tensor object per call, by megabytes.
+    # A one-off grows it in one: in a full run, 4.7 MiB once in 20,000 calls, where
+    # alone the same loop grew by 0.15 MiB at most (a malloc arena, a thread another
+    # test left behind starting to allocate).
+    assert min(growths) < 2 * 2**20, "RSS grew in each window of 20,000 calls: " + ", ".join(
+        f"{g / 2**20:.1f} MiB" for g in growths
+    )
 
 
 def _compile_and_drop(count: int, tracked: tuple[list[weakref.ref], list[weakref.ref]]) -> None:
