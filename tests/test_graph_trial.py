@@ -56,8 +56,7 @@ def ort_costs(monkeypatch):
     monkeypatch.setattr(onnxrt_route._BoundRunner, "__call__", ort_run)
     monkeypatch.setattr(graph_trial, "perf_counter", lambda: costs.now)
     monkeypatch.setattr(graph_trial.InPlaceTrial, "__init__", init)
-    monkeypatch.setattr(graph_trial, "TRIAL_SLOT", graph_trial.TrialSlot())
-    return costs
+    return costs  # the trial slot is the test's own (conftest's ``own_trial_slot``)
 
 
 def _compiled(model, example=None, **compile_kwargs):

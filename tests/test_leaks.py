@@ -63,7 +63,7 @@ def test_rss_is_flat_over_twenty_thousand_calls():
 
 
 def _compile_and_drop(count: int, tracked: tuple[list[weakref.ref], list[weakref.ref]]) -> None:
-    sessions, runners = tracked
+    sessions, _ = tracked
     for i in range(count):
         model = small_model()
         compiled = torch.compile(model, backend="auto")
@@ -74,6 +74,11 @@ def _compile_and_drop(count: int, tracked: tuple[list[weakref.ref], list[weakref
             assert _alive(sessions) >= 1, "the model did not run on onnxrt: nothing to check"
         del model, compiled
         torch._dynamo.reset()  # drops Dynamo's cache entries, which hold the compiled graphs
+    _assert_freed(tracked)
+
+
+def _assert_freed(tracked: tuple[list[weakref.ref], list[weakref.ref]]) -> None:
+    sessions, runners = tracked
     gc.collect()
     assert _alive(sessions) == 0, f"{_alive(sessions)} of {len(sessions)} ORT sessions still alive"
     assert _alive(runners) == 0, f"{_alive(runners)} compiled regions still alive"
@@ -91,7 +96,7 @@ def test_two_hundred_dropped_models_free_everything(tracked):
 def test_a_model_deleted_mid_trial_frees_its_regions(tracked):
     """Deleted while its graph's in-place trial held the turn (``graph_trial.py``):
     the turn is no reference."""
-    sessions, runners = tracked
+    sessions, _ = tracked
     model, x = small_model(), torch.randn(2, 8)
     compiled = torch.compile(model, backend="auto")
     with torch.no_grad():
@@ -100,9 +105,7 @@ def test_a_model_deleted_mid_trial_frees_its_regions(tracked):
     assert _alive(sessions) >= 1, "the model did not run on onnxrt: nothing to check"
     del model, compiled
     torch._dynamo.reset()
-    gc.collect()
-    assert _alive(sessions) == 0, f"{_alive(sessions)} of {len(sessions)} ORT sessions still alive"
-    assert _alive(runners) == 0, f"{_alive(runners)} compiled regions still alive"
+    _assert_freed(tracked)
 
 
 def test_a_deleted_model_frees_its_session_while_dynamo_keeps_the_graph(tracked):

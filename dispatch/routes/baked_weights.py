@@ -75,8 +75,9 @@ class BakedWeights:
         counted = [i for i, t in zip(positions, tensors) if not t.is_inference()]
         uncounted = [i for i, t in zip(positions, tensors) if t.is_inference()]
         self.counted, self.uncounted = _picker(counted), _picker(uncounted)
-        self.versions = list(map(_VERSION, self.counted(args)))
-        self.addresses = list(map(_ADDRESS, self.counted(args)))
+        counted_tensors = self.counted(args)
+        self.versions = list(map(_VERSION, counted_tensors))
+        self.addresses = list(map(_ADDRESS, counted_tensors))
         self.uncounted_addresses = list(map(_ADDRESS, self.uncounted(args)))
         on_cpu = [t for t in tensors if t.device.type == "cpu" and t.numel()]
         # Held, so that no other tensor takes a weight's address while this object
