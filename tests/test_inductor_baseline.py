@@ -222,3 +222,29 @@ def test_outputs_of_a_captured_graph_are_copied_out_and_inputs_handed_back():
     assert same is x  # an output that is an input is not the pool's
     run([torch.full((3,), 5.0)])
     torch.testing.assert_close(out, torch.full((3,), 2.0))
+
+
+def _region(x, w):
+    return torch.relu(x @ w) + 1
+
+
+@pytest.mark.parametrize("tracing_mode", ["real", "symbolic"])
+def test_an_inductor_region_is_served_from_inductors_cache_the_second_time(tracing_mode):
+    """A region compiled on the inductor route is found in inductor's FX graph
+    cache by the next process (here: the next compile of the same region), and a
+    static region stays specialised to its sizes."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, w = torch.randn(5, 4), torch.randn(4, 4)
+    for _ in range(2):
+        counters.clear()
+        compiled = InductorRoute().compile(make_fx(_region, tracing_mode=tracing_mode)(x, w), [x, w])
+        torch.testing.assert_close(compiled(x, w), _region(x, w))
+    assert counters["inductor"]["fxgraph_cache_bypass"] == 0
+    assert counters["inductor"]["fxgraph_cache_hit"] == 1
+    other = torch.randn(7, 4)
+    if tracing_mode == "symbolic":
+        torch.testing.assert_close(compiled(other, w), _region(other, w))
+    else:
+        with pytest.raises(AssertionError, match="expected size 7==5"):
+            compiled(other, w)

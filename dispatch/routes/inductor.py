@@ -3,9 +3,10 @@
 A graph whose route order inductor leads, and that inductor takes whole, never
 comes here: it is compiled by inductor's own ``compile_fx`` in one AOTAutograd
 pass (``dispatch/inductor_baseline.py``). A region of a graph cut among routes
-is compiled with ``torch._inductor.compile`` on the real inputs of its first
-call; a region of a dynamic-shape graph is compiled once for all sizes of its
-symbolic dimensions. Inductor never runs on ``mps``: forcing it there is an
+is compiled with ``torch._inductor.compile`` on fakes of the inputs of its
+first call, with a shape environment, so that inductor's FX graph cache serves
+it in the next process; a region of a dynamic-shape graph is compiled once for
+all sizes of its symbolic dimensions. Inductor never runs on ``mps``: forcing it there is an
 ``UnsupportedDeviceError``.
 
 In a saved program an inductor region is an AOTInductor package: the region
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..inspect import META_VAL, is_symbolic
+from ..inspect import META_VAL
 from .base import Availability, CompiledFn, PreprocessResult, RegionProgram, Route, op_handles
 from .registry import registry
 
@@ -46,9 +47,7 @@ class InductorRoute(Route):
         from torch._inductor import compile as inductor_compile
 
         placeholders = gm.graph.find_nodes(op="placeholder")
-        if any(is_symbolic(p) for p in placeholders):
-            return inductor_compile(gm, _symbolic_inputs(placeholders, example_inputs))
-        return inductor_compile(gm, list(example_inputs))
+        return inductor_compile(gm, _fake_inputs(placeholders, example_inputs))
 
     def preprocess(self, region: RegionProgram, compile_specs: Mapping[str, Any]) -> PreprocessResult:
         """The region as an AOTInductor package (the bytes of its ``.pt2`` archive)."""
@@ -103,13 +102,17 @@ def _shape(node: torch.fx.Node) -> tuple[Any, ...]:
     return tuple(value.shape) if isinstance(value, torch.Tensor) else ()
 
 
-def _symbolic_inputs(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> list[Any]:
-    """Fake inputs whose dimensions are symbolic where the region's are.
+def _fake_inputs(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> list[Any]:
+    """Fake inputs whose dimensions are symbolic where the region's are, static elsewhere.
 
     On real inputs Inductor specialises every size: the next batch size would
     fail its size check and the region would fall back to eager. Dynamo's own
     shape environment is gone by the region's first call, so a fresh one
-    carries the symbolic dimensions (and ``SymInt`` inputs) instead."""
+    carries the symbolic dimensions (and ``SymInt`` inputs) instead. A static
+    region gets one too: given real inputs, ``compile_fx`` fakes them without a
+    shape environment, and inductor's FX graph cache and AOTAutograd's cache
+    both bypass such a graph ("No shape env"), so every process compiled every
+    inductor region again."""
     from torch._dynamo.source import ConstantSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
