@@ -18,6 +18,7 @@ import torch
 import torch.fx
 
 from ..inspect import META_VAL
+from .onnx_fusions import fusible_for_onnx_runtime
 from .onnx_guards import shape_guards
 from .onnx_model import OnnxModel
 from .onnx_nan import flag_nan_inputs, nan_as_in_torch
@@ -69,6 +70,7 @@ def export_region(
             positions[node.name] = i
     _sizes_from_tensors(graph)
     rewrite_for_onnx(graph)
+    fusible_for_onnx_runtime(graph)
     module = torch.fx.GraphModule(root, graph)
     dynamic_shapes = tuple(dynamic) if any(dynamic) else None
     with _exporters_quiet(), torch.no_grad():
