@@ -186,7 +186,8 @@ def describe_region(
 
 
 def _annotate_placeholders(gm: torch.fx.GraphModule, names: set[str]) -> None:
-    """Give each region's placeholders the fake value (and static mark) of their argument."""
+    """Give each region's placeholders the fake value (and static mark) of their argument;
+    one fed by a constant of the graph is static too."""
     for node in gm.graph.find_nodes(op="call_module"):
         if node.target not in names:
             continue
@@ -197,3 +198,7 @@ def _annotate_placeholders(gm: torch.fx.GraphModule, names: set[str]) -> None:
                 for key in (META_VAL, META_STATIC):
                     if key in arg.meta:
                         ph.meta[key] = arg.meta[key]
+                if arg.op == "get_attr":
+                    # A tensor constant of the graph (``torch.tensor(8.0)`` in a forward) is
+                    # the same tensor on every call: static, so ORT folds it as a weight.
+                    ph.meta[META_STATIC] = True
