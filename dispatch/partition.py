@@ -198,7 +198,7 @@ def _annotate_placeholders(gm: torch.fx.GraphModule, names: set[str]) -> None:
                 for key in (META_VAL, META_STATIC):
                     if key in arg.meta:
                         ph.meta[key] = arg.meta[key]
-                if arg.op == "get_attr":
+                if arg.op == "get_attr" and isinstance(arg.meta.get(META_VAL), torch.Tensor):
                     # A tensor constant of the graph (``torch.tensor(8.0)`` in a forward) is
                     # the same tensor on every call: static, so ORT folds it as a weight.
                     ph.meta[META_STATIC] = True

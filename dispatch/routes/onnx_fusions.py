@@ -9,6 +9,8 @@ are missing, refused or not torch's).
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import torch
 import torch.fx
 
@@ -62,7 +64,9 @@ def _mean_square_base(node: object) -> torch.fx.Node | None:
     if not keepdim or not _is(square, aten.pow.Tensor_Scalar) or square.args[1] != 2:
         return None
     x = square.args[0]
-    value = x.meta.get(META_VAL) if isinstance(x, torch.fx.Node) else None
+    if not isinstance(x, torch.fx.Node):
+        return None
+    value = x.meta.get(META_VAL)
     if not isinstance(value, torch.Tensor) or not value.is_floating_point():
         return None
     last = {-1, value.dim() - 1}
@@ -70,7 +74,7 @@ def _mean_square_base(node: object) -> torch.fx.Node | None:
     return x if isinstance(dims, (list, tuple)) and len(dims) == 1 and dims[0] in last else None
 
 
-def _is(node: object, *targets: object) -> bool:
+def _is(node: object, *targets: object) -> TypeGuard[torch.fx.Node]:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
 
 
