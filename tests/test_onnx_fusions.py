@@ -1,16 +1,15 @@
 """Rewrites that let ONNX Runtime fuse what torchlib's translation hid: an RMS norm
 reaches ORT as the pattern its optimizer fuses, and computes what torch does."""
 
-import onnx
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import dispatch
-from dispatch.routes.onnx_export import export_region
 from dispatch.routes.onnx_fusions import fusible_for_onnx_runtime
 
 ort = pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
 aten = torch.ops.aten
 
 
@@ -37,6 +36,8 @@ def run_session(model, *feeds):
 
 
 def test_an_rms_norm_reaches_onnx_runtime_as_the_pattern_it_fuses(tmp_path):
+    from dispatch.routes.onnx_export import export_region
+
     x, w = torch.randn(4, 16, 64), torch.randn(64)
     model = export_region(make_fx(rms_norm)(x, w), [x, w], frozen=frozenset({1}))
     ops = optimized_op_types(model, tmp_path)
