@@ -11,6 +11,7 @@ import operator
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import torch
 import torch.fx
@@ -187,6 +188,35 @@ def is_view_op(node: torch.fx.Node) -> bool:
     return isinstance(target, torch._ops.OpOverload) and bool(
         target._schema.returns and target._schema.returns[0].alias_info
     )
+
+
+def mean_square_base(node: object) -> torch.fx.Node | None:
+    """``x`` where ``node`` is ``mean(pow(x, 2), [-1], keepdim=True) + eps`` with a float
+    ``eps``: the root of an RMS norm as AOTAutograd lowers it (LLaMA, T5, Gemma)."""
+    aten = torch.ops.aten
+    if (
+        not _calls(node, aten.add.Scalar, aten.add.Tensor)
+        or node.kwargs
+        or not isinstance(node.args[1], float)
+    ):
+        return None
+    mean = node.args[0]
+    if not _calls(mean, aten.mean.dim) or mean.kwargs.get("dtype") is not None:
+        return None
+    keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
+    square = mean.args[0]
+    if not keepdim or not _calls(square, aten.pow.Tensor_Scalar) or square.args[1] != 2:
+        return None
+    value = square.meta.get(META_VAL)
+    dims = mean.args[1] if isinstance(mean.args[1], (list, tuple)) else [mean.args[1]]
+    if not isinstance(value, torch.Tensor) or len(dims) != 1 or dims[0] not in (-1, value.dim() - 1):
+        return None
+    x = square.args[0]
+    return x if isinstance(x, torch.fx.Node) else None
+
+
+def _calls(node: object, *targets: object) -> TypeGuard[torch.fx.Node]:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
 
 
 def returns_to_caller(node: torch.fx.Node) -> bool:

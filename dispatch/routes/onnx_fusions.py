@@ -9,12 +9,10 @@ are missing, refused or not torch's).
 
 from __future__ import annotations
 
-from typing import TypeGuard
-
 import torch
 import torch.fx
 
-from ..inspect import META_VAL
+from ..inspect import META_VAL, mean_square_base
 
 aten = torch.ops.aten
 
@@ -33,8 +31,9 @@ def _rms_norms_as_divisions(graph: torch.fx.Graph) -> None:
     of the zoo's LLaMA, T5 and a Gemma ran in 0.87-0.91 of its time (AVX-512,
     two threads, ten alternating rounds; ``benchmarks/README.md``)."""
     for rsqrt in graph.find_nodes(op="call_function", target=aten.rsqrt.default):
-        x = _mean_square_base(rsqrt.args[0])
-        if x is None:
+        x = mean_square_base(rsqrt.args[0])
+        value = None if x is None else x.meta.get(META_VAL)
+        if x is None or not isinstance(value, torch.Tensor) or not value.is_floating_point():
             continue
         products = [u for u in rsqrt.users if u.target is aten.mul.Tensor and _operands(u) == {x, rsqrt}]
         if not products:
@@ -50,32 +49,6 @@ def _rms_norms_as_divisions(graph: torch.fx.Graph) -> None:
             graph.erase_node(product)
         if not rsqrt.users:
             graph.erase_node(rsqrt)
-
-
-def _mean_square_base(node: object) -> torch.fx.Node | None:
-    """``x`` where ``node`` is ``mean(pow(x, 2), [-1], keepdim=True) + eps`` (``eps`` a number)."""
-    if not _is(node, aten.add.Tensor, aten.add.Scalar) or not isinstance(node.args[1], (int, float)):
-        return None
-    mean = node.args[0]
-    if not _is(mean, aten.mean.dim) or mean.kwargs.get("dtype") is not None:
-        return None
-    keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
-    square = mean.args[0]
-    if not keepdim or not _is(square, aten.pow.Tensor_Scalar) or square.args[1] != 2:
-        return None
-    x = square.args[0]
-    if not isinstance(x, torch.fx.Node):
-        return None
-    value = x.meta.get(META_VAL)
-    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-        return None
-    last = {-1, value.dim() - 1}
-    dims = mean.args[1]
-    return x if isinstance(dims, (list, tuple)) and len(dims) == 1 and dims[0] in last else None
-
-
-def _is(node: object, *targets: object) -> TypeGuard[torch.fx.Node]:
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
 
 
 def _operands(node: torch.fx.Node) -> set[object]:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..inspect import META_VAL
+from ..inspect import META_VAL, mean_square_base
 from .triton_checks import FLOATS, common_checks, dtype_of, shape_of, value
 
 aten = torch.ops.aten
@@ -125,30 +125,13 @@ def _rms_norm(node: torch.fx.Node) -> Found:
     if node.target is not aten.rsqrt.default:
         return None
     add = node.args[0]
-    if not (
-        isinstance(add, torch.fx.Node)
-        and add.target in (aten.add.Scalar, aten.add.Tensor)
-        and not add.kwargs
-        and isinstance(add.args[1], float)
-        and _only_user(add, node)
-    ):
+    x0 = mean_square_base(add)
+    if x0 is None or not isinstance(add, torch.fx.Node):
         return None
     mean = add.args[0]
-    if not (isinstance(mean, torch.fx.Node) and mean.target is aten.mean.dim and _only_user(mean, add)):
+    pow_ = mean.args[0]  # mean_square_base matched both
+    if not (_only_user(add, node) and _only_user(mean, add) and _only_user(pow_, mean)):
         return None
-    pow_ = mean.args[0]
-    keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
-    if not (
-        keepdim
-        and mean.kwargs.get("dtype") is None
-        and isinstance(pow_, torch.fx.Node)
-        and _last_dim(pow_, mean.args[1])
-        and pow_.target is aten.pow.Tensor_Scalar
-        and pow_.args[1] == 2
-        and _only_user(pow_, mean)
-    ):
-        return None
-    x0 = pow_.args[0]
     users = list(node.users)
     if len(users) != 1 or users[0].target is not aten.mul.Tensor or x0 not in users[0].args:
         return None
@@ -162,7 +145,7 @@ def _rms_norm(node: torch.fx.Node) -> Found:
             weight, out = w, nxt[0]
             nodes.append(out)
             nxt = list(out.users)
-    x = x0
+    x: Any = x0  # its float32 cast may be left out below
     if (
         x0.target is aten._to_copy.default
         and set(x0.users) <= set(nodes)
