@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
-from .cache import inductor_cache, trusted_root
+from .cache import current_cache, inductor_cache, trusted_root
 from .capture_check import CaptureCheck, CaptureRecord, can_time
 from .config import Config
 from .errors import DispatchError, error_line
+from .inductor_isa import probe_vector_isas
 from .inspect import (
     GRAPH_BACKWARD,
     GRAPH_FORWARD,
@@ -183,6 +184,7 @@ def _compile_fx(
     AOTAutograd's cache serves it only where ``fingerprint`` keys its entries."""
     from torch._inductor.compile_fx import compile_fx
 
+    probe_vector_isas(current_cache(), example_inputs)
     patches: dict[str, Any] = {"triton.cudagraphs": lead.capture}
     if fingerprint is not None:
         patches["post_grad_custom_post_pass"] = fingerprint_pass(fingerprint)

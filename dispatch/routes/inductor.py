@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..cache import current_cache
+from ..inductor_isa import probe_vector_isas
 from ..inspect import META_VAL
 from .base import Availability, CompiledFn, PreprocessResult, RegionProgram, Route, op_handles
 from .registry import registry
@@ -46,6 +48,7 @@ class InductorRoute(Route):
     def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
         from torch._inductor import compile as inductor_compile
 
+        probe_vector_isas(current_cache(), example_inputs)
         placeholders = gm.graph.find_nodes(op="placeholder")
         return inductor_compile(gm, _fake_inputs(placeholders, example_inputs))
 
