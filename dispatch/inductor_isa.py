@@ -48,10 +48,14 @@ def probe_vector_isas(cache: ArtifactCache | None, example_inputs: Sequence[Any]
         return
     from torch._inductor import config, cpu_vec_isa
 
+    # Private to torch (2.13): where another torch lacks these, inductor probes as it does.
     probe: Callable[[Any, str], bool] | None = getattr(cpu_vec_isa.VecISA, "_probe_load", None)
-    valid = cpu_vec_isa.valid_vec_isa_list
-    if probe is None or config.cpp.vec_isa_ok is not None or valid.cache_info().currsize:
+    valid = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
+    info = getattr(valid, "cache_info", None)
+    if probe is None or valid is None or info is None or config.cpp.vec_isa_ok is not None:
         return
+    if info().currsize:
+        return  # probed already in this process
     key = _environment_key()
     stored = cache.get_json(KIND, key)
     known: set[str] = set(stored) if isinstance(stored, list) else set()
