@@ -2,6 +2,7 @@
 Python each) run in the first process and are answered from our cache in the
 next, with the same ISAs found; a check that failed is run again."""
 
+import ast
 import os
 import platform
 import subprocess
@@ -96,8 +97,7 @@ def test_a_failed_load_check_is_not_recorded_and_runs_again(tmp_path):
     failed = _run(PROBE, env, cache, "fail-first")
     again = _run(PROBE, env, cache)
     served = _run(PROBE, env, cache)
-    assert int(failed["CHILDREN"]) > 0
     assert int(again["CHILDREN"]) > 0  # the failed check, and those it had kept from running
     assert served["CHILDREN"] == "0"
     assert served["ISAS"] == again["ISAS"]
-    assert len(eval(again["ISAS"])) > len(eval(failed["ISAS"]))
+    assert len(ast.literal_eval(again["ISAS"])) > len(ast.literal_eval(failed["ISAS"]))
