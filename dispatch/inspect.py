@@ -207,12 +207,17 @@ def mean_square_base(node: object) -> torch.fx.Node | None:
     square = mean.args[0]
     if not keepdim or not _calls(square, aten.pow.Tensor_Scalar) or square.args[1] != 2:
         return None
-    value = square.meta.get(META_VAL)
-    dims = mean.args[1] if isinstance(mean.args[1], (list, tuple)) else [mean.args[1]]
-    if not isinstance(value, torch.Tensor) or len(dims) != 1 or dims[0] not in (-1, value.dim() - 1):
+    if not is_last_dim(square, mean.args[1]):
         return None
     x = square.args[0]
     return x if isinstance(x, torch.fx.Node) else None
+
+
+def is_last_dim(node: object, dim: object) -> bool:
+    """Whether ``dim`` (an int, or a list of one) names the last dimension of ``node``'s value."""
+    value = node.meta.get(META_VAL) if isinstance(node, torch.fx.Node) else None
+    dims = dim if isinstance(dim, (list, tuple)) else [dim]
+    return isinstance(value, torch.Tensor) and len(dims) == 1 and dims[0] in (-1, value.dim() - 1)
 
 
 def _calls(node: object, *targets: object) -> TypeGuard[torch.fx.Node]:

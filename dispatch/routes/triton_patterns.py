@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..inspect import META_VAL, mean_square_base
-from .triton_checks import FLOATS, common_checks, dtype_of, shape_of, value
+from ..inspect import META_VAL, is_last_dim, mean_square_base
+from .triton_checks import FLOATS, common_checks, dtype_of, shape_of
 
 aten = torch.ops.aten
 
@@ -78,18 +78,11 @@ def _only_user(node: torch.fx.Node, user: torch.fx.Node) -> bool:
     return list(node.users) == [user]
 
 
-def _last_dim(node: torch.fx.Node, dim: Any) -> bool:
-    val = value(node)
-    rank = val.dim() if isinstance(val, torch.Tensor) else None
-    dims = dim if isinstance(dim, (list, tuple)) else [dim]
-    return rank is not None and len(dims) == 1 and dims[0] in (-1, rank - 1)
-
-
 def _softmax(node: torch.fx.Node) -> Found:
     if node.target is not aten._softmax.default:
         return None
     x, dim, half_to_float = node.args
-    if half_to_float or not _last_dim(x, dim):
+    if half_to_float or not is_last_dim(x, dim):
         return None
     if dtype_of(x) not in FLOATS:
         return Refusal("softmax", (node,), f"input dtype {dtype_of(x)}: the kernel takes {_names(FLOATS)}")
