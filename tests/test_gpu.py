@@ -142,29 +142,70 @@ def test_threads_call_while_another_variant_compiles():
     assert not errors, errors[0]
 
 
-@torch.no_grad()
-def test_a_lowered_cuda_program_is_captured_inductor_and_round_trips(tmp_path):
-    """CUDA inference lowers to an AOTInductor package inside a CUDA graph capture."""
-    from torch.export import Dim
-
-    model = (
-        torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 8)).cuda().eval()
-    )
-    x = torch.randn(16, 64, device="cuda")
+LOWER_ON_CUDA = """
+import sys, torch, dispatch
+from torch.export import Dim
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 8)).cuda().eval()
+x = torch.randn(16, 64, device="cuda")
+with torch.no_grad():
     program = dispatch.lower(model, (x,))
-    assert [(r.route, r.inner_route) for r in program.regions] == [("cudagraphs", "inductor")]
-    path = tmp_path / "cuda.dispatch"
-    program.save(path)
-    loaded = dispatch.load(path)
-    first = loaded(x)
+    assert [(r.route, r.inner_route) for r in program.regions] == [("cudagraphs", "inductor")], program.regions
+    first = program(x)
     torch.testing.assert_close(first, model(x), rtol=1e-3, atol=1e-3)
     kept = first.clone()
-    loaded(x * 2)
+    program(x * 2)
     torch.testing.assert_close(first, kept)  # outputs survive the next replay
+    program.save(sys.argv[1])
+    torch.save(model.state_dict(), sys.argv[1] + ".weights")
     dynamic = dispatch.lower(model, (x,), dynamic_shapes=({0: Dim("batch", max=64)},))
     for n in (3, 40):
         y = torch.randn(n, 64, device="cuda")
         torch.testing.assert_close(dynamic(y), model(y), rtol=1e-3, atol=1e-3)
+"""
+
+LOAD_ON_CUDA = """
+import sys, torch, dispatch
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 8)).cuda().eval()
+model.load_state_dict(torch.load(sys.argv[1] + ".weights"))
+loaded = dispatch.load(sys.argv[1])
+with torch.no_grad():
+    for n in (16, 16):
+        x = torch.randn(n, 64, device="cuda")
+        torch.testing.assert_close(loaded(x), model(x), rtol=1e-3, atol=1e-3)
+"""
+
+
+def _in_fresh_process(code: str, *args: str) -> None:
+    """``code`` run in a fresh interpreter; a crash fails this test alone (on torch
+    2.11 and an H200, loading the AOTInductor package segfaulted the process)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,  # AOTInductor builds a CUDA package for a minute or more
+    )
+    if out.returncode < 0:
+        name = signal.Signals(-out.returncode).name
+        pytest.fail(f"the process died of {name}:\n{out.stderr[-4000:]}")
+    assert out.returncode == 0, out.stderr[-4000:]
+
+
+def test_a_lowered_cuda_program_is_captured_inductor_and_round_trips(tmp_path):
+    """CUDA inference lowers to an AOTInductor package inside a CUDA graph capture,
+    and the saved file runs in another process."""
+    path = str(tmp_path / "cuda.dispatch")
+    _in_fresh_process(LOWER_ON_CUDA, path)
+    _in_fresh_process(LOAD_ON_CUDA, path)
 
 
 class _Attention(torch.nn.Module):
