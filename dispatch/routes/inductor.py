@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..aoti_load_check import check_package_loads, needs_load_check
 from ..cache import current_cache
 from ..inductor_isa import probe_vector_isas
 from ..inspect import META_VAL
@@ -86,6 +87,8 @@ class InductorRoute(Route):
                 f"has torch {torch.__version__}: a package loads only in the torch that built it"
             )
 
+        if needs_load_check(specs):
+            check_package_loads(processed_bytes, current_cache())
         # The package must be a file; the runner extracts what it needs while loading.
         with tempfile.TemporaryDirectory(prefix="dispatch-aoti-") as folder:
             path = os.path.join(folder, "region.pt2")
