@@ -38,3 +38,67 @@ def test_the_zoo_names_its_wider_set_and_refuses_unknown_models():
     assert not set(WIDER) & set(ZOO)
     with pytest.raises(ValueError, match="hf_nonexistent"):
         model_names("hf_bert,hf_nonexistent")
+
+
+class _FakeCell:
+    """A zoo worker that compiles nothing: its per-call time is set by its cache
+    folder's name (one per process), and it records the folder it was given."""
+
+    started: list[list[str]] = []
+    speed = {"eager#0": 2e-3, "eager#1": 1e-3, "auto#0": 1.5e-3, "auto#1": 3e-3}
+
+    def __init__(self, module, args, ready_prefix, log=None, gated=False) -> None:
+        self.args = args
+        self.warm = args[-1] in [a[-1] for a in _FakeCell.started]  # a second process on one cache
+        _FakeCell.started.append(args)
+        self.ready: dict = {}
+
+    def let_compile(self) -> None:
+        pass
+
+    def release(self) -> None:
+        self.ready = {
+            "ok": True,
+            "accurate": True,
+            "compile_s": 9.0 if self.warm else 1.0,
+            "routes": ["eager"],
+        }
+
+    def time(self, calls: int) -> float:
+        return next(s for k, s in _FakeCell.speed.items() if k.replace("#", "-") in self.args[-1])
+
+    def quit(self) -> None:
+        pass
+
+    def close(self) -> float:
+        return 100.0
+
+
+def test_each_zoo_column_runs_in_its_own_processes_and_shows_the_fastest(monkeypatch):
+    """``--processes 2``: every process has fresh caches of its own, the cell is the
+    fastest process's median with every process's kept, and the warm start reuses
+    the first process's caches."""
+    import argparse
+
+    import benchmarks.zoo.run as zoo_run
+
+    monkeypatch.setattr(zoo_run, "Worker", _FakeCell)
+    monkeypatch.setattr(zoo_run, "WARM", ("auto",))
+    _FakeCell.started = []
+    args = argparse.Namespace(
+        processes=2,
+        device="cpu",
+        dtype="float32",
+        logs=None,
+        compile_together=False,
+        seconds=0.0,
+        no_warm=False,
+    )
+    row = zoo_run.run_model("inplace_input", "infer", ("eager", "auto"), args)
+    eager, auto = row["cells"]["eager"], row["cells"]["auto"]
+    assert (eager["per_call_s"], sorted(eager["per_call_runs_s"])) == (1e-3, [1e-3, 2e-3])
+    assert (auto["per_call_s"], sorted(auto["per_call_runs_s"])) == (1.5e-3, [1.5e-3, 3e-3])
+    caches = [a[-1] for a in _FakeCell.started]
+    assert len(set(caches[:4])) == 4  # no process starts on another's caches
+    assert caches[4] == next(c for c in caches[:4] if "auto-0" in c)  # the warm start
+    assert auto["compile_s"] == 1.0 and auto["warm_compile_s"] == 9.0
