@@ -170,8 +170,8 @@ model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.
 model.load_state_dict(torch.load(sys.argv[1] + ".weights"))
 loaded = dispatch.load(sys.argv[1])
 with torch.no_grad():
-    for n in (16, 16):
-        x = torch.randn(n, 64, device="cuda")
+    for _ in range(2):  # the capture, then a replay
+        x = torch.randn(16, 64, device="cuda")
         torch.testing.assert_close(loaded(x), model(x), rtol=1e-3, atol=1e-3)
 """
 
