@@ -61,17 +61,16 @@ def machine(device: str) -> dict[str, Any]:
 
 
 def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Namespace) -> dict[str, Any]:
-    processes = max(1, getattr(args, "processes", 1))
+    processes = args.processes
     print(f"[zoo] {name} ({mode}): compiling each column in {processes} fresh process(es)", flush=True)
-    keys = {(c, k): _key(c, k) for c in columns for k in range(processes)}
-    caches = {key: tempfile.mkdtemp(prefix=f"zoo-{name}-{key.replace('#', '-')}-") for key in keys.values()}
+    replicas = [(c, k) for c in columns for k in range(processes)]
+    caches = {(c, k): tempfile.mkdtemp(prefix=f"zoo-{name}-{c}-{k}-") for c, k in replicas}
 
     def start(column: str, replica: int, suffix: str = "") -> Worker:
-        key = keys[column, replica]
         log = f"{name}-{mode}-{column}{f'-p{replica}' if replica else ''}{suffix}.log"
         return Worker(
             "benchmarks.zoo.worker",
-            [name, column, mode, args.device, args.dtype, caches[key]],
+            [name, column, mode, args.device, args.dtype, caches[column, replica]],
             "ZOO_READY ",
             Path(args.logs) / log if args.logs else None,
             gated=True,
@@ -79,7 +78,7 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
 
     # Every column builds its model at once; they compile in turn (cold compile
     # times are not taken beside another compile), or together with --compile-together.
-    workers = {key: start(c, k) for (c, k), key in keys.items()}
+    workers = {_key(c, k): start(c, k) for c, k in replicas}
     if args.compile_together:
         for worker in workers.values():
             worker.let_compile()
@@ -91,8 +90,9 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
     peaks = {key: w.close() for key, w in workers.items()}
     warm: dict[str, float | None] = {}
     if not args.no_warm:
-        first = {c: workers[_key(c, 0)] for c in columns}
-        seconds = {c: start(c, 0, "-warm") for c in WARM if c in first and first[c].ready.get("ok")}
+        seconds = {
+            c: start(c, 0, "-warm") for c in WARM if c in columns and workers[_key(c, 0)].ready.get("ok")
+        }
         for column, second in seconds.items():
             second.release()
             second.quit()
