@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .cache import ArtifactCache
+from .cache import ArtifactCache, install_key
 
 log = logging.getLogger("dispatch")
 
@@ -97,5 +97,4 @@ def check_package_loads(payload: bytes, cache: ArtifactCache | None) -> None:
 
 
 def _key(payload: bytes) -> str:
-    digest = hashlib.sha256(payload).hexdigest()
-    return hashlib.sha256(f"{digest}|{torch.__version__}|{sys.executable}".encode()).hexdigest()
+    return hashlib.sha256(hashlib.sha256(payload).digest() + install_key().encode()).hexdigest()

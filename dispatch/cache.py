@@ -127,6 +127,18 @@ def versions() -> tuple[tuple[str, str], ...]:
 
 
 @functools.cache
+def install_key() -> str:
+    """This torch install and Python: what a check that loads a library built
+    against torch (inductor's ISA probe, an AOTInductor package) depends on
+    beyond the library itself."""
+    import platform
+
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    parts = [torch.__version__, torch_lib, sys.executable, platform.machine()]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+@functools.cache
 def code_digest() -> str:
     """A digest of dispatch's source files: an export or compile made by other
     code (a fixed translation, a changed route) is a miss, whatever the version says."""

@@ -22,8 +22,6 @@ process, as it keeps its own.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import platform
 import sys
@@ -32,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .cache import ArtifactCache
+from .cache import ArtifactCache, install_key
 
 KIND = "inductor-isa-loads"
 
@@ -56,7 +54,7 @@ def probe_vector_isas(cache: ArtifactCache | None, example_inputs: Sequence[Any]
         return
     if info().currsize:
         return  # probed already in this process
-    key = _environment_key()
+    key = install_key()
     stored = cache.get_json(KIND, key)
     known: set[str] = set(stored) if isinstance(stored, list) else set()
     loaded: set[str] = set()
@@ -76,10 +74,3 @@ def probe_vector_isas(cache: ArtifactCache | None, example_inputs: Sequence[Any]
         setattr(cpu_vec_isa.VecISA, "_probe_load", probe)  # noqa: B010
     if not loaded <= known:
         cache.put_json(KIND, key, sorted(known | loaded))
-
-
-def _environment_key() -> str:
-    """What a load check depends on beyond its library: this torch install and Python."""
-    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-    parts = [torch.__version__, torch_lib, sys.executable, platform.machine()]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
