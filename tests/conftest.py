@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 import tempfile
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +33,23 @@ if not torch.cuda.is_available():
 needs_gpu = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (run `nox -s gpu` on one)"
 )
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_python(
+    code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter (faulthandler on), with the repository importable."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+    )
+
+
 needs_triton = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="triton is not installed"
 )

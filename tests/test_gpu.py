@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import dispatch
-from tests.conftest import needs_gpu
+from tests.conftest import needs_gpu, run_python
 
 pytestmark = [needs_gpu, pytest.mark.gpu]
 
@@ -179,21 +179,9 @@ with torch.no_grad():
 def _in_fresh_process(code: str, *args: str) -> None:
     """``code`` run in a fresh interpreter; a crash fails this test alone (on torch
     2.11 and an H200, loading the AOTInductor package segfaulted the process)."""
-    import os
     import signal
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    out = subprocess.run(
-        [sys.executable, "-X", "faulthandler", "-c", code, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,  # AOTInductor builds a CUDA package for a minute or more
-    )
+    out = run_python(code, *args, timeout=900)  # AOTInductor builds a CUDA package for a minute or more
     if out.returncode < 0:
         name = signal.Signals(-out.returncode).name
         pytest.fail(f"the process died of {name}:\n{out.stderr[-4000:]}")

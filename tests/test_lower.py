@@ -4,10 +4,7 @@ processes too), custom ops, dynamic batch, damaged files and wrong inputs."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import textwrap
 import warnings
 import zipfile
@@ -29,9 +26,8 @@ from dispatch.errors import (
 )
 from dispatch.routes import registry
 from dispatch.stitch import FallbackWarning
+from tests.conftest import run_python
 from tests.models import ScoresHead, scaled_tanh
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class MLP(torch.nn.Module):
@@ -69,18 +65,6 @@ class WithCustomOp(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(scaled_tanh(self.a(x), 2.0))
-
-
-def _run_python(code: str, *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``code`` in a fresh interpreter, with the repository importable."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=300,
-    )
 
 
 def _manifest(path: Path) -> dict:
@@ -418,7 +402,7 @@ def test_a_fresh_process_loads_without_tracing_and_without_unused_runtimes(tmp_p
         dispatch.lower(model, (x,), routes=["eager"]).save(path)
         expected = model(x)
     torch.save({"x": x, "expected": expected}, tmp_path / "io.pt")
-    result = _run_python(
+    result = run_python(
         f"""
         import sys, torch
         def refuse(*a, **k):
@@ -456,12 +440,12 @@ def test_custom_ops_load_where_their_library_is_imported(tmp_path):
         torch.testing.assert_close(program(io["x"]), io["expected"])
         print("ok")
         """
-    without = _run_python(load)
+    without = run_python(load)
     assert without.returncode != 0
     assert "ProgramFileError" in without.stderr
     assert "dispatch_tests::scaled_tanh.default" in without.stderr
     assert "import the library that defines it before loading" in without.stderr
-    with_library = _run_python("import tests.models\n" + textwrap.dedent(load))
+    with_library = run_python("import tests.models\n" + textwrap.dedent(load))
     assert with_library.returncode == 0, with_library.stderr
     assert with_library.stdout.strip() == "ok"
 
@@ -483,12 +467,12 @@ def test_output_types_load_where_their_library_is_imported(tmp_path):
         torch.testing.assert_close(out.logits, io["logits"])
         torch.testing.assert_close(out.probs, io["probs"])
         """
-    without = _run_python(load)
+    without = run_python(load)
     assert without.returncode != 0
     assert "ProgramFileError" in without.stderr
     assert "the type tests.models.Scores" in without.stderr
     assert "import the library that defines it (tests) before loading" in without.stderr
-    with_library = _run_python("import tests.models\n" + textwrap.dedent(load))
+    with_library = run_python("import tests.models\n" + textwrap.dedent(load))
     assert with_library.returncode == 0, with_library.stderr
     assert with_library.stdout.strip() == "Scores"
 
@@ -497,7 +481,7 @@ def test_output_types_load_where_their_library_is_imported(tmp_path):
 def test_inspect_prints_regions_routes_sizes_versions_and_sources(tmp_path):
     path = tmp_path / "heads.dispatch"
     dispatch.lower(TwoHeads().eval(), (torch.randn(4, 6),), {"bias": torch.randn(6)}).save(path)
-    result = _run_python(f"import sys, dispatch.__main__ as m; sys.exit(m.main(['inspect', {str(path)!r}]))")
+    result = run_python(f"import sys, dispatch.__main__ as m; sys.exit(m.main(['inspect', {str(path)!r}]))")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert f"torch {torch.__version__}" in out
