@@ -40,6 +40,23 @@ def test_the_zoo_names_its_wider_set_and_refuses_unknown_models():
         model_names("hf_bert,hf_nonexistent")
 
 
+def test_the_wider_sets_code_patterns_build_and_run_eagerly():
+    # Built without transformers or timm: only torch. Each must run on its own
+    # inputs, so that a zoo run over the wider set measures it instead of failing.
+    import torch
+
+    from benchmarks.zoo.patterns import PATTERNS
+    from benchmarks.zoo.wider import WIDER
+
+    assert {n for n, m in WIDER.items() if m.source == "pattern"} == set(PATTERNS)
+    for name in PATTERNS:
+        model, inputs = WIDER[name].build()
+        with torch.no_grad():
+            out = model.eval()(*inputs)
+        leaves = [t for t in torch.utils._pytree.tree_leaves(out) if t.is_floating_point()]
+        assert leaves and all(bool(t.isfinite().all()) for t in leaves), name
+
+
 class _FakeCell:
     """A zoo worker that compiles nothing: its per-call time is set by its cache
     folder's name (one per process), and it records the folder it was given."""

@@ -5,14 +5,21 @@ holds on architectures nobody tuned for: other encoders and decoders, vision
 transformers and CNNs with many small modules, and three models at the sizes
 of issue 13's table (BERT and GPT-2 at 4x128 tokens, resnet18 at 8x224x224),
 where a call takes tens of milliseconds instead of the zoo's hundreds of
-microseconds. Same rules: config objects, random weights, nothing downloaded.
+microseconds. Since 2026-11-26 also audio, segmentation and small decoder
+families (wav2vec2, SegFormer, Gemma, Phi, BLOOM's ALiBi, ...) and the code
+patterns of ``patterns.py`` (recurrent layers, a U-Net, top-k and scatter,
+masked attention, ...). Same rules: config objects, random weights, nothing
+downloaded.
 """
 
 from __future__ import annotations
 
 from functools import partial
 
+import torch
+
 from .models import _TEXT_FFN, IMAGE, VOCAB, ZOO, ZooModel, _hf, _image, _timm, _tokens
+from .patterns import PATTERNS, built
 
 _VISION = {
     "hidden_size": 128,
@@ -22,6 +29,21 @@ _VISION = {
     "image_size": IMAGE,
     "patch_size": 16,
 }
+
+_SMALL_VISION = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "image_size": IMAGE,
+    "patch_size": 16,
+}
+_TWO_STAGES = {"hidden_sizes": [16, 32], "depths": [1, 1]}
+
+
+def _audio(batch: int = 2, samples: int = 3200) -> tuple[torch.Tensor]:
+    return (torch.randn(batch, samples, generator=torch.Generator().manual_seed(0)),)
+
 
 _FALCON = {"vocab_size": VOCAB, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
 
@@ -117,6 +139,103 @@ WIDER: dict[str, ZooModel] = {
             ),
         ),
         ZooModel("timm_resnet18_8x224", "timm", _timm("resnet18", inputs=partial(_image, batch=8, size=224))),
+        # Added 2026-11-26, after a sweep of architectures nobody had tried (benchmarks/README.md).
+        ZooModel(
+            "hf_wav2vec2",
+            "transformers",
+            _hf(
+                "Wav2Vec2Model",
+                "Wav2Vec2Config",
+                _audio,
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=128,
+                conv_dim=(32, 32, 32),
+                conv_stride=(5, 2, 2),
+                conv_kernel=(10, 3, 3),
+                num_conv_pos_embeddings=16,
+                num_conv_pos_embedding_groups=4,
+            ),
+        ),
+        ZooModel(
+            "hf_segformer",
+            "transformers",
+            _hf(
+                "SegformerModel",
+                "SegformerConfig",
+                _image,
+                num_encoder_blocks=2,
+                depths=[1, 1],
+                sr_ratios=[4, 2],
+                hidden_sizes=[16, 32],
+                num_attention_heads=[1, 2],
+                strides=[4, 2],
+                patch_sizes=[7, 3],
+                mlp_ratios=[2, 2],
+            ),
+        ),
+        ZooModel("hf_dinov2", "transformers", _hf("Dinov2Model", "Dinov2Config", _image, **_SMALL_VISION)),
+        ZooModel(
+            "hf_beit",
+            "transformers",
+            _hf("BeitModel", "BeitConfig", _image, **_SMALL_VISION, use_relative_position_bias=True),
+        ),
+        ZooModel(
+            "hf_convnextv2",
+            "transformers",
+            _hf("ConvNextV2Model", "ConvNextV2Config", _image, **_TWO_STAGES, num_stages=2),
+        ),
+        ZooModel(
+            "hf_regnet",
+            "transformers",
+            _hf("RegNetModel", "RegNetConfig", _image, **_TWO_STAGES, groups_width=8, embedding_size=16),
+        ),
+        ZooModel(
+            "hf_levit",
+            "transformers",
+            _hf(
+                "LevitModel",
+                "LevitConfig",
+                _image,
+                image_size=IMAGE,
+                hidden_sizes=[32, 48, 64],
+                num_attention_heads=[1, 2, 2],
+                depths=[1, 1, 1],
+                key_dim=[8, 8, 8],
+            ),
+        ),
+        ZooModel(
+            "hf_mobilevit",
+            "transformers",
+            _hf(
+                "MobileViTModel",
+                "MobileViTConfig",
+                _image,
+                image_size=IMAGE,
+                hidden_sizes=[32, 48, 64],
+                neck_hidden_sizes=[8, 16, 24, 32, 48, 64, 96],
+            ),
+        ),
+        ZooModel(
+            "hf_gemma",
+            "transformers",
+            _hf("GemmaModel", "GemmaConfig", _tokens, **_TEXT_FFN, num_key_value_heads=1, head_dim=32),
+        ),
+        ZooModel("hf_phi", "transformers", _hf("PhiModel", "PhiConfig", _tokens, **_TEXT_FFN)),
+        ZooModel("hf_gpt_neox", "transformers", _hf("GPTNeoXModel", "GPTNeoXConfig", _tokens, **_TEXT_FFN)),
+        ZooModel(
+            "hf_bloom",
+            "transformers",
+            _hf("BloomModel", "BloomConfig", _tokens, vocab_size=VOCAB, hidden_size=128, n_layer=2, n_head=4),
+        ),
+        ZooModel(
+            "hf_xlm_roberta", "transformers", _hf("XLMRobertaModel", "XLMRobertaConfig", _tokens, **_TEXT_FFN)
+        ),
+        ZooModel("hf_mpnet", "transformers", _hf("MPNetModel", "MPNetConfig", _tokens, **_TEXT_FFN)),
+        ZooModel("timm_repvgg", "timm", _timm("repvgg_a0")),
+        ZooModel("timm_inception_v3", "timm", _timm("inception_v3", inputs=partial(_image, size=96))),
+        *(ZooModel(name, "pattern", built(module, inputs)) for name, (module, inputs) in PATTERNS.items()),
     )
 }
 

@@ -1,0 +1,180 @@
+"""Code patterns of the wider set (``--models wider``) that the zoo's own list lacks:
+recurrent layers, a small U-Net (GroupNorm, InstanceNorm, a transposed conv,
+interpolation, a skip concat), pixel shuffle, top-k and scatter and sort,
+attention with a boolean mask and its weights returned, an einsum with
+``masked_fill(-inf)``, a dilated grouped 1-d conv stack, and torch's own
+``nn.TransformerEncoder``. Each is a module with the inputs it is called on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LSTMTagger(nn.Module):
+    """Embedding, a two-layer bidirectional LSTM, a per-token head: Dynamo leaves
+    ``nn.LSTM`` to eager, so the graphs around it are all a backend sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(1000, 64)
+        self.lstm = nn.LSTM(64, 96, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(192, 10)
+
+    def forward(self, tokens):
+        hidden, _ = self.lstm(self.embed(tokens))
+        return self.head(hidden).log_softmax(-1)
+
+
+class GRUSequence(nn.Module):
+    """A GRU whose last hidden state is returned beside the projected sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(32, 64, batch_first=True)
+        self.out = nn.Linear(64, 32)
+
+    def forward(self, x):
+        sequence, last = self.gru(x)
+        return self.out(sequence), last
+
+
+class TinyUNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.down1 = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.SiLU())
+        self.down2 = nn.Sequential(nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.GroupNorm(8, 32), nn.SiLU())
+        self.up = nn.ConvTranspose2d(32, 16, 2, stride=2)
+        self.merge = nn.Sequential(
+            nn.Conv2d(32, 16, 3, padding=1), nn.InstanceNorm2d(16, affine=True), nn.GELU()
+        )
+        self.out = nn.Conv2d(16, 3, 1)
+
+    def forward(self, x):
+        skip = self.down1(x)
+        h = torch.cat([self.up(self.down2(skip)), skip], 1)
+        return self.out(self.merge(h)) + F.interpolate(
+            x, scale_factor=1.0, mode="bilinear", align_corners=False
+        )
+
+
+class PixelShuffleUpsampler(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.expand = nn.Conv2d(3, 12, 3, padding=1)
+        self.refine = nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, x):
+        y = F.pixel_shuffle(self.expand(x), 2)
+        z = F.interpolate(y, size=(x.shape[-2], x.shape[-1]), mode="nearest")
+        return self.refine(z).sigmoid(), F.adaptive_avg_pool2d(y, 5)
+
+
+class TopKScatter(nn.Module):
+    """Top-k, scatter into zeros (so the sort meets ties), sort, cumsum, gather,
+    argmax: integer outputs beside floating ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(64, 64)
+
+    def forward(self, x):
+        y = self.proj(x)
+        values, indices = y.topk(8, dim=-1)
+        z = torch.zeros_like(y).scatter(-1, indices, values.softmax(-1))
+        ordered, order = z.sort(dim=-1, descending=True)
+        return z.cumsum(-1), ordered, order, torch.gather(y, -1, order[..., :4]), y.argmax(-1)
+
+
+class MaskedAttention(nn.Module):
+    """``nn.MultiheadAttention`` with a causal boolean mask, returning its weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(64, 4, batch_first=True)
+        self.norm = nn.LayerNorm(64)
+
+    def forward(self, x):
+        steps = x.shape[1]
+        mask = torch.triu(torch.ones(steps, steps, dtype=torch.bool), 1)
+        y, weights = self.attention(x, x, x, attn_mask=mask, need_weights=True)
+        return self.norm(y + x), weights
+
+
+class EinsumMasked(nn.Module):
+    """A per-head einsum, ``masked_fill`` with -inf, softmax, and a ``where`` on
+    ``isfinite``: few flops, many pointwise ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 32, 32) / 6)
+
+    def forward(self, x):
+        y = torch.einsum("bhtd,hde->bhte", x, self.weight)
+        y = y.masked_fill(y < -1, float("-inf")).softmax(-1)
+        return torch.where(torch.isfinite(y), y, torch.zeros_like(y)).amax(-2)
+
+
+class Conv1dAudio(nn.Module):
+    """1-d convolutions over audio features: BatchNorm1d, a dilated grouped conv, pooling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv1d(80, 128, 5, padding=2),
+            nn.BatchNorm1d(128),
+            nn.ReLU(),
+            nn.Conv1d(128, 128, 3, padding=2, dilation=2, groups=4),
+            nn.ReLU(),
+            nn.AvgPool1d(2),
+            nn.Conv1d(128, 32, 1),
+        )
+
+    def forward(self, features):
+        return self.net(features).transpose(1, 2).flatten(1)
+
+
+class TorchTransformerEncoder(nn.Module):
+    """torch's own pre-norm encoder (eager takes its fused fast path under no_grad)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, norm_first=True, dropout=0.0)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    def forward(self, x):
+        return self.encoder(x)
+
+
+def _normal(*shape: int) -> Callable[[], tuple[torch.Tensor, ...]]:
+    return lambda: (torch.randn(*shape, generator=torch.Generator().manual_seed(0)),)
+
+
+def _token_ids(*shape: int) -> Callable[[], tuple[torch.Tensor, ...]]:
+    return lambda: (torch.randint(0, 1000, shape, generator=torch.Generator().manual_seed(0)),)
+
+
+def built(module: type[nn.Module], inputs: Callable[[], tuple[torch.Tensor, ...]]):
+    def build():
+        torch.manual_seed(0)
+        return module(), inputs()
+
+    return build
+
+
+# name -> (module, its inputs)
+PATTERNS: dict[str, tuple[type[nn.Module], Callable[[], tuple[torch.Tensor, ...]]]] = {
+    "lstm_tagger": (LSTMTagger, _token_ids(2, 20)),
+    "gru_sequence": (GRUSequence, _normal(2, 16, 32)),
+    "tiny_unet": (TinyUNet, _normal(2, 3, 32, 32)),
+    "pixel_shuffle": (PixelShuffleUpsampler, _normal(2, 3, 20, 20)),
+    "topk_scatter": (TopKScatter, _normal(4, 10, 64)),
+    "masked_attention": (MaskedAttention, _normal(2, 12, 64)),
+    "einsum_masked": (EinsumMasked, _normal(2, 4, 8, 32)),
+    "conv1d_audio": (Conv1dAudio, _normal(2, 80, 200)),
+    "torch_transformer_encoder": (TorchTransformerEncoder, _normal(2, 10, 64)),
+}
