@@ -195,9 +195,13 @@ class InplaceInput(torch.nn.Module):
         return torch.relu(self.l(x)) * 2
 
 
-def _pattern(cls, *shape: int):
+def _pattern(cls, *shape: int, inputs: Callable[[], tuple[torch.Tensor, ...]] | None = None):
+    """``cls()`` on one normal tensor of ``shape``, or on what ``inputs`` makes."""
+
     def build():
         torch.manual_seed(0)
+        if inputs is not None:
+            return cls(), inputs()
         return cls(), (torch.randn(*shape, generator=torch.Generator().manual_seed(0)),)
 
     return build

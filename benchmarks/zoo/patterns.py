@@ -3,16 +3,19 @@ recurrent layers, a small U-Net (GroupNorm, InstanceNorm, a transposed conv,
 interpolation, a skip concat), pixel shuffle, top-k and scatter and sort,
 attention with a boolean mask and its weights returned, an einsum with
 ``masked_fill(-inf)``, a dilated grouped 1-d conv stack, and torch's own
-``nn.TransformerEncoder``. Each is a module with the inputs it is called on.
+``nn.TransformerEncoder``. Each is built with the inputs it is called on, as the zoo's own patterns are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .models import VOCAB, _pattern, _tokens
 
 
 class LSTMTagger(nn.Module):
@@ -21,7 +24,7 @@ class LSTMTagger(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.embed = nn.Embedding(1000, 64)
+        self.embed = nn.Embedding(VOCAB, 64)
         self.lstm = nn.LSTM(64, 96, num_layers=2, batch_first=True, bidirectional=True)
         self.head = nn.Linear(192, 10)
 
@@ -150,31 +153,15 @@ class TorchTransformerEncoder(nn.Module):
         return self.encoder(x)
 
 
-def _normal(*shape: int) -> Callable[[], tuple[torch.Tensor, ...]]:
-    return lambda: (torch.randn(*shape, generator=torch.Generator().manual_seed(0)),)
-
-
-def _token_ids(*shape: int) -> Callable[[], tuple[torch.Tensor, ...]]:
-    return lambda: (torch.randint(0, 1000, shape, generator=torch.Generator().manual_seed(0)),)
-
-
-def built(module: type[nn.Module], inputs: Callable[[], tuple[torch.Tensor, ...]]):
-    def build():
-        torch.manual_seed(0)
-        return module(), inputs()
-
-    return build
-
-
-# name -> (module, its inputs)
-PATTERNS: dict[str, tuple[type[nn.Module], Callable[[], tuple[torch.Tensor, ...]]]] = {
-    "lstm_tagger": (LSTMTagger, _token_ids(2, 20)),
-    "gru_sequence": (GRUSequence, _normal(2, 16, 32)),
-    "tiny_unet": (TinyUNet, _normal(2, 3, 32, 32)),
-    "pixel_shuffle": (PixelShuffleUpsampler, _normal(2, 3, 20, 20)),
-    "topk_scatter": (TopKScatter, _normal(4, 10, 64)),
-    "masked_attention": (MaskedAttention, _normal(2, 12, 64)),
-    "einsum_masked": (EinsumMasked, _normal(2, 4, 8, 32)),
-    "conv1d_audio": (Conv1dAudio, _normal(2, 80, 200)),
-    "torch_transformer_encoder": (TorchTransformerEncoder, _normal(2, 10, 64)),
+# name -> how to build it with its inputs
+PATTERNS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
+    "lstm_tagger": _pattern(LSTMTagger, inputs=partial(_tokens, batch=2, seq=20)),
+    "gru_sequence": _pattern(GRUSequence, 2, 16, 32),
+    "tiny_unet": _pattern(TinyUNet, 2, 3, 32, 32),
+    "pixel_shuffle": _pattern(PixelShuffleUpsampler, 2, 3, 20, 20),
+    "topk_scatter": _pattern(TopKScatter, 4, 10, 64),
+    "masked_attention": _pattern(MaskedAttention, 2, 12, 64),
+    "einsum_masked": _pattern(EinsumMasked, 2, 4, 8, 32),
+    "conv1d_audio": _pattern(Conv1dAudio, 2, 80, 200),
+    "torch_transformer_encoder": _pattern(TorchTransformerEncoder, 2, 10, 64),
 }

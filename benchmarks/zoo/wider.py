@@ -19,7 +19,7 @@ from functools import partial
 import torch
 
 from .models import _TEXT_FFN, IMAGE, VOCAB, ZOO, ZooModel, _hf, _image, _timm, _tokens
-from .patterns import PATTERNS, built
+from .patterns import PATTERNS
 
 _VISION = {
     "hidden_size": 128,
@@ -235,7 +235,7 @@ WIDER: dict[str, ZooModel] = {
         ZooModel("hf_mpnet", "transformers", _hf("MPNetModel", "MPNetConfig", _tokens, **_TEXT_FFN)),
         ZooModel("timm_repvgg", "timm", _timm("repvgg_a0")),
         ZooModel("timm_inception_v3", "timm", _timm("inception_v3", inputs=partial(_image, size=96))),
-        *(ZooModel(name, "pattern", built(module, inputs)) for name, (module, inputs) in PATTERNS.items()),
+        *(ZooModel(name, "pattern", build) for name, build in PATTERNS.items()),
     )
 }
 
