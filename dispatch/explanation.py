@@ -2,11 +2,15 @@
 
 It wraps ``torch._dynamo.backends.debugging.ExplainWithBackend`` around
 ``auto``, so graph, break and op counts are Dynamo's own, and adds the
-regions of every aten graph with each rejected route's reason.
+regions of every aten graph with each rejected route's reason. A frame that
+Dynamo gave up on runs eagerly and reaches no backend (a module holding an
+``nn.LSTM`` while ``allow_rnn`` is off is the common case): its reason, which
+Dynamo counts but leaves out of its own explain, is reported too.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 from collections.abc import Callable, Mapping
@@ -14,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._dynamo.utils import counters
 
 from .backend import auto
 from .record import recorder
@@ -33,6 +38,8 @@ class Explanation:
     out_guards: list[Any] | None = None
     compile_times: str | None = None
     plans: list[GraphPlan] = field(default_factory=list)
+    #: Dynamo's reason for each frame it ran eagerly, without a graph for ``auto``
+    frames_run_eagerly: list[str] = field(default_factory=list)
 
     @property
     def regions(self) -> list[Region]:
@@ -46,6 +53,7 @@ class Explanation:
             "op_count": self.op_count,
             "graphs": [p.to_dict() for p in self.plans],
             "regions": [r.to_dict() for r in self.regions],
+            "frames_run_eagerly": list(self.frames_run_eagerly),
         }
 
     def to_json(self, **kwargs: Any) -> str:
@@ -57,6 +65,15 @@ class Explanation:
             f"Graph Break Count: {self.graph_break_count}",
             f"Dynamo Op Count (torch-level calls Dynamo traced, before lowering to aten): {self.op_count}",
         ]
+        if self.frames_run_eagerly:
+            lines.append(
+                "Frames Dynamo ran eagerly (auto never saw them; Dynamo's reason for each):"
+                if self.graph_count
+                else "No graph reached auto: Dynamo ran this call eagerly. Its reason:"
+            )
+            lines += [f"  {i + 1}. {_indented(r)}" for i, r in enumerate(self.frames_run_eagerly)]
+        elif not self.graph_count:
+            lines.append("No graph reached auto: Dynamo compiled nothing for this call.")
         if self.break_reasons:
             lines.append("Break Reasons:")
             lines += [f"  {i + 1}. {_reason_text(r)}" for i, r in enumerate(self.break_reasons)]
@@ -91,6 +108,7 @@ def explain(
     explainer = ExplainWithBackend("auto")
     explainer.backend = functools.partial(auto, options=options)
     compiled_codes: list[Any] = []
+    unsupported_before = collections.Counter(counters["unimplemented"])
     hook = register_bytecode_hook(lambda code, new_code: compiled_codes.append(code))
     try:
         with recorder.recording() as plans:
@@ -100,9 +118,11 @@ def explain(
         for code in compiled_codes:
             torch._dynamo.reset_code(code)
     out = explainer.output()
+    unsupported = collections.Counter(counters["unimplemented"]) - unsupported_before
     return Explanation(
         graph_count=out.graph_count,
-        graph_break_count=out.graph_break_count,
+        graph_break_count=max(out.graph_break_count, 0),  # Dynamo reports -1 for no graph
+        frames_run_eagerly=[reason.strip() for reason in unsupported],
         break_reasons=list(out.break_reasons),
         op_count=out.op_count,
         graphs=list(out.graphs),
@@ -115,3 +135,7 @@ def explain(
 
 def _reason_text(reason: Any) -> str:
     return str(getattr(reason, "reason", reason))
+
+
+def _indented(text: str) -> str:
+    return "\n     ".join(line.strip() for line in text.splitlines() if line.strip())

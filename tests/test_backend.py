@@ -102,6 +102,42 @@ def test_graph_breaks_match_dynamo_explain():
         torch.testing.assert_close(torch.compile(fn, backend="auto")(x), fn(x))
 
 
+def test_explain_says_why_no_graph_reached_auto():
+    """Dynamo runs a frame that holds an ``nn.LSTM`` eagerly (``allow_rnn`` is off by
+    default) and hands ``auto`` no graph; explain says so, with Dynamo's own reason
+    and hint, instead of an empty table."""
+
+    class Tagger(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = torch.nn.LSTM(8, 8, batch_first=True)
+            self.head = torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(self.lstm(x)[0])
+
+    with torch.no_grad():
+        explanation = dispatch.explain(Tagger().eval(), torch.randn(2, 5, 8))
+    assert explanation.graph_count == 0 and explanation.graph_break_count == 0
+    (reason,) = explanation.frames_run_eagerly
+    assert "LSTM" in reason and "allow_rnn" in reason
+    text = str(explanation)
+    assert "No graph reached auto" in text and "allow_rnn" in text
+    assert explanation.to_dict()["frames_run_eagerly"] == [reason]
+
+
+def test_explain_lists_no_eager_frames_for_a_graph_break():
+    def fn(x):
+        y = x.relu()
+        print("", end="")
+        return y.sigmoid()
+
+    with torch.no_grad():
+        explanation = dispatch.explain(fn, torch.randn(4))
+    assert explanation.graph_count == 2 and explanation.frames_run_eagerly == []
+    assert "No graph reached auto" not in str(explanation)
+
+
 def test_explain_with_backend_auto_works():
     from torch._dynamo.backends.debugging import ExplainWithBackend
 
