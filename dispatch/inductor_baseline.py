@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module
 
 from .cache import current_cache, inductor_cache, trusted_root
 from .capture_check import CaptureCheck, CaptureRecord, can_time
@@ -321,16 +322,17 @@ class PlanningInnerCompile:
                 plan = None  # the stitched path plans again and turns the error into a raiser
             if plan is None:
                 return compiler.compile(gm, example_inputs, kind, static=static)
-            # Both read before inductor's passes rewrite the graph in place.
+            # All three taken before inductor's passes rewrite the graph in place.
             pool_outputs = PoolOutputs(gm)
             timeable = self.check is not None and kind == GRAPH_INFERENCE and can_time(gm)
+            spare = _graph_copy(gm)  # what the fallback plans if inductor fails after its passes
             try:
                 compiled = compile_fx_inner(gm, example_inputs, **kwargs)
             except Exception as error:
                 if config.strict:
                     raise
                 fallback = _without_inductor(plan, config, error)
-                return compiler.with_config(fallback).compile(gm, example_inputs, kind, static=static)
+                return compiler.with_config(fallback).compile(spare, example_inputs, kind, static=static)
         wanted = self.capture and kind == GRAPH_INFERENCE
         region = _with_capture(plan.regions[0], kwargs.get("cudagraphs"), compiled, wanted)
         plan = replace(plan, regions=[region])
@@ -346,6 +348,23 @@ class PlanningInnerCompile:
             "graph %d (%s): %s -> %s (inductor's own compile)", plan.graph, kind, region.name, region.route
         )
         return _served(compiled, region, config, pool_outputs)
+
+
+def _graph_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with a graph of its own: new nodes, each with a shallow copy of its
+    ``meta`` (the fake values are shared, not copied: ``copy.deepcopy`` would copy
+    every one of them), over the same parameters and submodules: 4.8 ms for a
+    training graph of hf_bert's (390 nodes), 20 ms with its code made at once."""
+    graph = torch.fx.Graph()
+    graph._codegen = gm.graph._codegen
+    copied: Any = graph.graph_copy(gm.graph, {}, return_output_node=True)
+    if copied is not None:
+        value, output = copied
+        graph.output(value, type_expr=output.type).meta = copy.copy(output.meta)
+    # Lazy: its Python code is generated only if the fallback runs it.
+    spare = _make_graph_module(gm, graph, class_name=type(gm).__name__, graph_module_cls=_LazyGraphModule)
+    spare.meta = copy.copy(gm.meta)
+    return spare
 
 
 def whole_graph_plan(

@@ -138,6 +138,32 @@ def test_a_failing_inductor_compile_falls_back_for_that_graph(monkeypatch):
     assert "inductor lowering crashed" in region.rejected["inductor"]
 
 
+def test_a_graph_inductor_rewrote_before_failing_falls_back_intact(monkeypatch):
+    """Inductor's graph passes rewrite the graph in place before lowering can fail
+    (on hf Mamba, training at a second batch size: "cannot determine truth value
+    of Relational"); the fallback planned that rewritten graph and raised
+    ``AssertionError: embedding doesn't belong to passed in graph module``."""
+
+    def rewrites_then_fails(gm, example_inputs, **kwargs):
+        torch.fx.GraphModule(gm, gm.graph)  # as inductor's passes do: the graph gets another owner
+        (tanh,) = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.tanh.default)
+        with gm.graph.inserting_after(tanh):
+            clone = gm.graph.call_function(torch.ops.aten.clone.default, (tanh,))
+        tanh.replace_all_uses_with(clone, delete_user_cb=lambda user: user is not clone)
+        raise RuntimeError("inductor lowering crashed after its passes (test)")
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx_inner", rewrites_then_fails)
+    model, reference = mlp(), mlp()
+    x = torch.randn(8, 16)
+    with pytest.warns(FallbackWarning, match="crashed after its passes") as caught:
+        assert_trains_as_eager(model, reference, x)
+    assert len([w for w in caught if issubclass(w.category, FallbackWarning)]) == 2  # forward, backward
+    with torch.no_grad(), pytest.warns(FallbackWarning):
+        explanation = dispatch.explain(model, x, options={"routes": ["inductor", "eager"]})
+    (region,) = explanation.regions
+    assert region.route == "eager" and "clone" not in " ".join(region.ops)
+
+
 def test_a_failing_inductor_compile_raises_under_strict(monkeypatch):
     def broken(gm, example_inputs, **kwargs):
         raise RuntimeError("inductor lowering crashed (test)")
