@@ -29,6 +29,15 @@ timed: a forced route, eager not allowed, autotune (which times its own
 candidates), a symbolic size (the calls may differ in size). The decision is
 cached: a warm start where the traced graph won compiles nothing for it.
 
+A graph that does little work and still takes ``INDUCTOR_TRIAL_S`` or more a
+call on the faster side is bound by its count of ops, not its work: a
+recurrence unrolled into hundreds of small ops (transformers' Mamba without its
+CUDA kernels: 23 MFLOPs, 8.3 ms a call as traced and 6.3 on ORT, 4.3 under
+plain inductor, which fuses them). There the trial goes on: its ORT regions are
+compiled by inductor on the next call's inputs (seconds, on that call) and
+timed in turn against the faster side, and they move to inductor where it took
+under ``ROUTED_MARGIN`` of that side's time.
+
 ORT and torch may round a value differently in its last bit, and Dynamo
 guards the code after an ``.item()`` graph break on the exact value read: a
 trial there can make Dynamo compile that code once more, for the other value.
@@ -47,15 +56,18 @@ from typing import Any
 from . import autotune
 from .cache import ArtifactCache, region_key
 from .config import Config
+from .planner import availability
 from .region import GraphPlan
+from .routes import CompiledFn, registry
 from .routes.onnx_threads import TRIAL_CALLS as THREAD_TRIAL_CALLS
 from .routes.onnx_threads import WARM_CALLS as THREAD_WARM_CALLS
-from .stitch import StitchedGraph
+from .stitch import StitchedGraph, with_region_inputs, with_regions_swapped
 
 log = logging.getLogger("dispatch")
 
 AS_ROUTED = "as routed"
 AS_TRACED = "as traced"
+ON_INDUCTOR = "regions on inductor"  # the routed program with its ORT regions compiled by inductor
 IN_PLACE = "in place"  # the key of this measurement in each region's ``measured``
 # The routed program runs alone for its first calls: the first compiles its
 # regions, and ORT regions of middling work then try their thread counts
@@ -64,6 +76,11 @@ ROUTED_FIRST_CALLS = 1 + 2 * (THREAD_WARM_CALLS + THREAD_TRIAL_CALLS)
 WARM_CALLS = 2  # untimed calls of each side once the sides alternate
 TIMED_CALLS = 16  # timed calls of each side
 ROUTED_MARGIN = 0.9  # the routed program must take under this share of the traced graph's time
+# The faster side's median call at or past which inductor is tried too. Below it
+# the graph runs in µs, where Dynamo's own call and the stitching are much of
+# the time, and an inductor compile of seconds takes a day of calls to repay.
+INDUCTOR_TRIAL_S = 1e-3
+_INDUCED_ROUTE = "onnxrt"  # the route whose regions inductor stands in for
 _KIND = "in-place-trial"
 
 
@@ -81,7 +98,8 @@ def in_place_trial(
     A cached decision is applied at once."""
     if timed_whole or not _qualifies(plans, config):
         return routed
-    trial = InPlaceTrial(routed, traced, stitched, ArtifactCache(config.cache_dir))
+    inductor = config.allows("inductor") and availability(registry.get("inductor")).ok
+    trial = InPlaceTrial(routed, traced, stitched, ArtifactCache(config.cache_dir), inductor=inductor)
     return trial.settled() or trial
 
 
@@ -94,7 +112,8 @@ def _qualifies(plans: Sequence[GraphPlan], config: Config) -> bool:
 class InPlaceTrial:
     """Runs a graph's calls on the routed program alone for ``ROUTED_FIRST_CALLS``,
     then on the traced graph and the routed program in turn, timing each call,
-    and keeps the faster (``decide``)."""
+    and keeps the faster (``decide``); where that one is slow for its work, its
+    ORT regions on inductor are timed against it in turn as well."""
 
     def __init__(
         self,
@@ -103,9 +122,13 @@ class InPlaceTrial:
         stitched: Sequence[StitchedGraph],
         cache: ArtifactCache,
         clock: Callable[[], float] | None = None,
+        inductor: bool = False,
     ) -> None:
         self.sides = {AS_ROUTED: routed, AS_TRACED: traced}
+        self.stitched = list(stitched)
         self.runners = [r for s in stitched for r in s.runners]
+        #: inductor may stand in for the ORT regions, where the graph is slow for its work
+        self.inductor = inductor and any(r.chain[0] == _INDUCED_ROUTE for r in self.runners)
         self.cache = cache
         self.key = region_key(
             stitched[0].gm,
@@ -116,13 +139,18 @@ class InPlaceTrial:
         self.clock = clock or perf_counter
         self.calls = 0
         self.times: dict[str, list[float]] = {AS_ROUTED: [], AS_TRACED: []}
+        self.timing = [AS_TRACED, AS_ROUTED]  # the sides timed in turn, first on a tie
+        self.first_round: dict[str, float] = {}  # the medians of routed against traced
+        self.leader: str | None = None  # the faster of those two, once timed
+        self.on_inductor: dict[str, CompiledFn] | None = None  # its ORT regions, once compiled
         self.chosen: Callable[..., Any] | None = None
         self._lock = threading.Lock()
 
     def settled(self) -> Callable[..., Any] | None:
         """The winner, where the decision is cached (a warm start), else None."""
         decision = self.cache.get_json(_KIND, self.key)
-        if decision is None or decision.get("winner") not in self.sides:
+        winners = (*self.sides, ON_INDUCTOR) if self.inductor else tuple(self.sides)
+        if decision is None or decision.get("winner") not in winners:
             return None
         self._apply(decision, cached=True)
         return self.chosen
@@ -137,41 +165,91 @@ class InPlaceTrial:
             self.calls += 1
             if self.calls <= ROUTED_FIRST_CALLS or not TRIAL_SLOT.take(self):
                 return self.sides[AS_ROUTED](*args)
-            side = AS_TRACED if len(self.times[AS_TRACED]) <= len(self.times[AS_ROUTED]) else AS_ROUTED
+            if ON_INDUCTOR in self.timing and self.on_inductor is None:
+                return self._compile_on_inductor(args)
+            side = min(self.timing, key=lambda name: len(self.times[name]))
             start = self.clock()
             out = self.sides[side](*args)
             self.times[side].append(self.clock() - start)
-            if min(len(t) for t in self.times.values()) >= WARM_CALLS + TIMED_CALLS:
+            if min(len(self.times[name]) for name in self.timing) >= WARM_CALLS + TIMED_CALLS:
                 self.decide()
-                TRIAL_SLOT.release(self)
+                if self.chosen is not None:
+                    TRIAL_SLOT.release(self)
             return out
 
     def decide(self) -> None:
         """Keep the routed program where its median call took under ``ROUTED_MARGIN``
-        of the traced graph's, else the traced graph; store the decision."""
+        of the traced graph's, else the traced graph; where that leader took
+        ``INDUCTOR_TRIAL_S`` or more, time its ORT regions on inductor against it
+        first (the next calls). Store the decision."""
         if all(r.chain[0] == "eager" for r in self.runners):
             # Every region fell back on its first call: nothing left to compare.
             self.chosen = self.sides[AS_ROUTED]
             return
-        seconds = {side: statistics.median_high(t[WARM_CALLS:]) for side, t in self.times.items()}
-        decision = {side: autotune.format_seconds(s) for side, s in seconds.items()}
-        faster = seconds[AS_ROUTED] < ROUTED_MARGIN * seconds[AS_TRACED]
-        decision["winner"] = AS_ROUTED if faster else AS_TRACED
+        seconds = {side: statistics.median_high(self.times[side][WARM_CALLS:]) for side in self.timing}
+        if self.leader is None:
+            self.first_round = seconds
+            routed_won = seconds[AS_ROUTED] < ROUTED_MARGIN * seconds[AS_TRACED]
+            self.leader = AS_ROUTED if routed_won else AS_TRACED
+            if self.inductor and seconds[self.leader] >= INDUCTOR_TRIAL_S:
+                self.timing = [ON_INDUCTOR, self.leader]
+                self.times = {ON_INDUCTOR: [], self.leader: []}
+                return
+            self._finish(self.leader)
+            return
+        on_inductor = autotune.format_seconds(seconds[ON_INDUCTOR])
+        faster = seconds[ON_INDUCTOR] < ROUTED_MARGIN * seconds[self.leader]
+        self._finish(ON_INDUCTOR if faster else self.leader, on_inductor)
+
+    def _finish(self, winner: str, on_inductor: str | None = None) -> None:
+        decision: dict[str, Any] = {side: autotune.format_seconds(s) for side, s in self.first_round.items()}
+        if on_inductor is not None:
+            decision[ON_INDUCTOR] = on_inductor
+        decision["winner"] = winner
         self.cache.put_json(_KIND, self.key, decision)
         self._apply(decision, cached=False)
 
+    def _compile_on_inductor(self, args: Sequence[Any]) -> Any:
+        """This call, run as routed, untimed: its ORT regions' inputs are what
+        inductor compiles them for. Where inductor fails a region (or computes
+        it differently from torch) the leader wins, and the reason is kept."""
+        out, region_args = with_region_inputs(self.stitched, lambda: self.sides[AS_ROUTED](*args))
+        compiled: dict[str, CompiledFn] = {}
+        for runner in self.runners:
+            if runner.chain[0] != _INDUCED_ROUTE:
+                continue
+            inputs = region_args.get(runner.plan.name)
+            fn = None if inputs is None else runner.candidate("inductor", inputs)
+            if fn is None:
+                reason = runner.run.measured.get("inductor", "the region did not run")
+                assert self.leader is not None
+                self._finish(self.leader, f"not compiled: {runner.plan.name}: {reason}")
+                TRIAL_SLOT.release(self)
+                return out
+            compiled[runner.plan.name] = fn
+        self.on_inductor = compiled
+        self.sides[ON_INDUCTOR] = with_regions_swapped(self.runners, compiled, self.sides[AS_ROUTED])
+        return out
+
     def _apply(self, decision: dict[str, Any], cached: bool) -> None:
-        line = f"{AS_ROUTED} {decision[AS_ROUTED]}, {AS_TRACED} {decision[AS_TRACED]}" + (
-            " (cached)" if cached else ""
+        line = ", ".join(
+            f"{side} {decision[side]}" for side in (AS_ROUTED, AS_TRACED, ON_INDUCTOR) if side in decision
         )
+        line += " (cached)" if cached else ""
         winner = decision["winner"]
+        compiled = self.on_inductor or {}
         for runner in self.runners:
             runner.run.measured[IN_PLACE] = line
             if winner == AS_TRACED and runner.chain[0] != "eager":
                 runner.run_eager(f"slower in place than the graph as traced, by measurement: {line}")
+            elif winner == ON_INDUCTOR and runner.chain[0] == _INDUCED_ROUTE:
+                # From the cache, compiled on the region's next call (inductor's own cache serves it).
+                reason = f"slower in place than on inductor, by measurement: {line}"
+                runner.run_on("inductor", reason, compiled.get(runner.plan.name))
         log.info("graph in-place trial: %s won (%s)", winner, line)
-        self.chosen = self.sides[winner]
+        self.chosen = self.sides[AS_ROUTED if winner == ON_INDUCTOR else winner]
         self.sides = {winner: self.chosen}  # the loser's memory goes with it
+        self.on_inductor = None
 
 
 class TrialSlot:

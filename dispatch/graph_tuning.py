@@ -29,7 +29,7 @@ ORT's GEMMs ran the layer in 595 µs, eager in 506 and inductor in 518.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from torch.utils._python_dispatch import _disable_current_modes
@@ -40,7 +40,7 @@ from .config import Config
 from .planner import availability
 from .region import GraphPlan
 from .routes import CompiledFn, registry
-from .stitch import COMPILE_LOCK, RegionRunner, StitchedGraph
+from .stitch import COMPILE_LOCK, StitchedGraph, with_region_inputs, with_regions_swapped
 from .work import estimated_flops
 
 AS_ROUTED = "as routed"
@@ -109,6 +109,7 @@ class WholeGraphCheck:
     def __init__(
         self, stitched: StitchedGraph, config: Config, cut: bool = False, inductor_past: float | None = None
     ) -> None:
+        self.stitched = stitched
         self.forward = stitched.forward
         self.runners = stitched.runners
         self.cache = ArtifactCache(config.cache_dir)
@@ -136,8 +137,8 @@ class WholeGraphCheck:
                     self.pending = False
             if not self.pending:
                 return self.forward(*args)
-            region_args: dict[str, Sequence[Any]] = {}
-            out = self._recording(region_args, args)  # the regions measure and compile
+            # The regions measure and compile on this call.
+            out, region_args = with_region_inputs([self.stitched], lambda: self.forward(*args))
             self._decide(args, region_args)
             self.pending = False
             return out
@@ -152,24 +153,6 @@ class WholeGraphCheck:
 
     def _cached_decision(self) -> dict[str, Any] | None:
         return self.cache.get_json("whole-graph", self._key()) if self._routed() else None
-
-    def _recording(self, region_args: dict[str, Sequence[Any]], args: Sequence[Any]) -> Any:
-        """The graph's call, with each region's inputs kept in ``region_args``."""
-
-        def recorder(runner: RegionRunner) -> Callable[..., Any]:
-            def call(*inputs: Any) -> Any:
-                region_args[runner.plan.name] = inputs
-                return runner(*inputs)
-
-            return call
-
-        for runner in self.runners:
-            setattr(self.gm, runner.plan.name, recorder(runner))
-        try:
-            return self.forward(*args)
-        finally:
-            for runner in self.runners:
-                setattr(self.gm, runner.plan.name, runner)
 
     def _decide(self, args: Sequence[Any], region_args: dict[str, Sequence[Any]]) -> None:
         if not self._routed():
@@ -241,14 +224,4 @@ class WholeGraphCheck:
 
     def _swapped(self, fns: dict[str, CompiledFn]) -> CompiledFn:
         """The graph's call with the regions named in ``fns`` run by those functions."""
-
-        def call(*args: Any) -> Any:
-            chosen = {r.plan.name: r.swap(fns[r.plan.name]) for r in self.runners if r.plan.name in fns}
-            try:
-                return self.forward(*args)
-            finally:
-                for r in self.runners:
-                    if r.plan.name in chosen:
-                        r.swap(chosen[r.plan.name])
-
-        return call
+        return with_regions_swapped(self.runners, fns, self.forward)

@@ -120,6 +120,48 @@ class StitchedGraph:
         return [runner.run.outcome() for runner in self.runners]
 
 
+def with_region_inputs(
+    stitched: Sequence[StitchedGraph], call: Callable[[], Any]
+) -> tuple[Any, dict[str, Any]]:
+    """``call()``'s result, and the inputs each region of ``stitched`` ran on in it
+    (by region name): what a rival route of a region compiles for."""
+    region_args: dict[str, Sequence[Any]] = {}
+
+    def recorder(runner: RegionRunner) -> Callable[..., Any]:
+        def run(*inputs: Any) -> Any:
+            region_args[runner.plan.name] = inputs
+            return runner(*inputs)
+
+        return run
+
+    for graph in stitched:
+        for runner in graph.runners:
+            setattr(graph.gm, runner.plan.name, recorder(runner))
+    try:
+        return call(), region_args
+    finally:
+        for graph in stitched:
+            for runner in graph.runners:
+                setattr(graph.gm, runner.plan.name, runner)
+
+
+def with_regions_swapped(
+    runners: Sequence[RegionRunner], fns: dict[str, CompiledFn], call: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``call`` with the regions named in ``fns`` run by those functions, for that call only."""
+
+    def run(*args: Any) -> Any:
+        chosen = {r.plan.name: r.swap(fns[r.plan.name]) for r in runners if r.plan.name in fns}
+        try:
+            return call(*args)
+        finally:
+            for r in runners:
+                if r.plan.name in chosen:
+                    r.swap(chosen[r.plan.name])
+
+    return run
+
+
 def stitch(gm: torch.fx.GraphModule, plan: GraphPlan, config: Config) -> StitchedGraph:
     """Replace every region submodule of ``gm`` by a runner for it.
 

@@ -15,11 +15,14 @@ import torch
 import dispatch.graph_trial as graph_trial
 import dispatch.routes.onnxrt as onnxrt_route
 from benchmarks.zoo.models import InplaceInput
-from dispatch.graph_trial import IN_PLACE, ROUTED_FIRST_CALLS, TIMED_CALLS, WARM_CALLS
+from dispatch.graph_trial import IN_PLACE, ON_INDUCTOR, ROUTED_FIRST_CALLS, TIMED_CALLS, WARM_CALLS
 from dispatch.record import recorder
+from dispatch.routes.inductor import InductorRoute
 
 #: calls until the trial has decided
 TRIAL_LENGTH = ROUTED_FIRST_CALLS + 2 * (WARM_CALLS + TIMED_CALLS)
+#: and where inductor is tried: one untimed call that compiles it, then both in turn again
+INDUCTOR_TRIAL_LENGTH = TRIAL_LENGTH + 1 + 2 * (WARM_CALLS + TIMED_CALLS)
 
 
 def small():
@@ -28,16 +31,34 @@ def small():
 
 
 class Costs(list):
-    """[each ORT run, each traced call of the trial], in seconds of a fake clock."""
+    """[each ORT run, each traced call of the trial], in seconds of a fake clock;
+    ``inductor``: each run of a region inductor compiled."""
 
     def __init__(self) -> None:
         super().__init__([0.0, 0.0])
         self.now = 0.0
+        self.inductor = 0.0
 
 
 @pytest.fixture
 def ort_costs(monkeypatch):
+    """The fake clock. Inductor is tried past ``INDUCTOR_TRIAL_S`` only in the
+    tests that lower it back (``inductor_tried``): the costs of the others are
+    whole milliseconds, to keep their lines readable."""
+    monkeypatch.setattr(graph_trial, "INDUCTOR_TRIAL_S", 1.0)
     costs = Costs()
+    real_compile = InductorRoute.compile
+
+    def inductor_compile(self, gm, example_inputs):
+        fn = real_compile(self, gm, example_inputs)
+
+        def run(*inputs):
+            costs.now += costs.inductor
+            return fn(*inputs)
+
+        return run
+
+    monkeypatch.setattr(InductorRoute, "compile", inductor_compile)
     real_run = onnxrt_route._BoundRunner.__call__
 
     def ort_run(self, *args):
@@ -257,3 +278,82 @@ def test_a_graph_timed_whole_is_not_timed_again_in_place(ort_costs, timed):
     (region,) = _regions(graphs)
     assert region.route == "onnxrt" and "whole graph" in region.measured
     assert IN_PLACE not in region.measured
+
+
+@pytest.fixture
+def inductor_tried(monkeypatch):
+    monkeypatch.setattr(graph_trial, "INDUCTOR_TRIAL_S", 1e-3)
+
+
+@pytest.mark.parametrize("traced_leads", [False, True])
+@torch.no_grad()
+def test_a_small_graph_slow_for_its_work_moves_to_inductor_where_it_wins(
+    ort_costs, inductor_tried, onnx_exports, traced_leads
+):
+    """transformers' Mamba without its kernels: little work, many small ops, slow
+    on every side but inductor, which fuses them (module docstring)."""
+    ort_costs[:] = [3e-3, 2e-3] if traced_leads else [2e-3, 3e-3]
+    ort_costs.inductor = 0.5e-3
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, TRIAL_LENGTH)
+    (region,) = _regions(graphs)
+    assert region.route == "onnxrt" and IN_PLACE not in region.measured  # inductor's turn next
+    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH - TRIAL_LENGTH)
+    (region,) = _regions(graphs)
+    first = "as routed 3.00 ms, as traced 2.00 ms" if traced_leads else "as routed 2.00 ms, as traced 3.00 ms"
+    line = f"{first}, {ON_INDUCTOR} 500.0 µs"
+    assert (region.planned_route, region.route) == ("onnxrt", "inductor")
+    assert region.measured[IN_PLACE] == line
+    assert region.rejected["onnxrt"] == f"slower in place than on inductor, by measurement: {line}"
+    _calls(compiled, model, x, 3)
+
+    torch._dynamo.reset()  # a warm start: inductor at once, nothing exported or timed
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, 3)
+    (region,) = _regions(graphs)
+    assert region.route == "inductor" and region.measured[IN_PLACE] == f"{line} (cached)"
+    assert onnx_exports[0] == 1
+
+
+@pytest.mark.parametrize("inductor_s, kept", [(1.7e-3, "inductor"), (1.9e-3, "onnxrt")])
+@torch.no_grad()
+def test_inductor_must_win_in_place_by_the_margin(ort_costs, inductor_tried, inductor_s, kept):
+    ort_costs[:] = [2e-3, 3e-3]
+    ort_costs.inductor = inductor_s
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
+    (region,) = _regions(graphs)
+    assert region.route == kept and ON_INDUCTOR in region.measured[IN_PLACE]
+
+
+@torch.no_grad()
+def test_a_graph_fast_enough_never_compiles_inductor(ort_costs, inductor_tried, monkeypatch):
+    compiles = []
+    monkeypatch.setattr(InductorRoute, "compile", lambda self, gm, args: compiles.append(gm))
+    ort_costs[:] = [0.5e-3, 0.9e-3]
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
+    (region,) = _regions(graphs)
+    assert region.route == "onnxrt" and region.measured[IN_PLACE] == "as routed 500.0 µs, as traced 900.0 µs"
+    assert compiles == []
+
+
+@torch.no_grad()
+def test_inductor_failing_in_place_leaves_the_leader_with_the_reason(ort_costs, inductor_tried, monkeypatch):
+    def broken(self, gm, args):
+        raise RuntimeError("inductor cannot lower this (test)")
+
+    monkeypatch.setattr(InductorRoute, "compile", broken)
+    ort_costs[:] = [2e-3, 3e-3]
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, TRIAL_LENGTH + 3)
+    (region,) = _regions(graphs)
+    assert region.route == "onnxrt"
+    assert region.measured[IN_PLACE] == (
+        f"as routed 2.00 ms, as traced 3.00 ms, {ON_INDUCTOR} not compiled: "
+        f"{region.name}: not measured: RuntimeError: inductor cannot lower this (test)"
+    )
