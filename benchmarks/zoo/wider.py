@@ -8,8 +8,9 @@ where a call takes tens of milliseconds instead of the zoo's hundreds of
 microseconds. Since 2026-11-26 also audio, segmentation and small decoder
 families (wav2vec2, SegFormer, Gemma, Phi, BLOOM's ALiBi, ...) and the code
 patterns of ``patterns.py`` (recurrent layers, a U-Net, top-k and scatter,
-masked attention, ...). Same rules: config objects, random weights, nothing
-downloaded.
+masked attention, ...), and since its second sweep Qwen3, Gemma 2, ModernBERT,
+Mamba, GPT-BigCode and EVA-02. Same rules: config objects, random weights,
+nothing downloaded.
 """
 
 from __future__ import annotations
@@ -233,6 +234,59 @@ WIDER: dict[str, ZooModel] = {
             "hf_xlm_roberta", "transformers", _hf("XLMRobertaModel", "XLMRobertaConfig", _tokens, **_TEXT_FFN)
         ),
         ZooModel("hf_mpnet", "transformers", _hf("MPNetModel", "MPNetConfig", _tokens, **_TEXT_FFN)),
+        # 2026-11-26, second sweep: decoders of 2025, state-space and multi-query models.
+        ZooModel(
+            "hf_qwen3",
+            "transformers",
+            _hf("Qwen3Model", "Qwen3Config", _tokens, **_TEXT_FFN, num_key_value_heads=2, head_dim=32),
+        ),
+        ZooModel(
+            "hf_gemma2",
+            "transformers",
+            _hf(
+                "Gemma2Model",
+                "Gemma2Config",
+                _tokens,
+                **_TEXT_FFN,
+                num_key_value_heads=2,
+                head_dim=32,
+                sliding_window=16,
+            ),
+        ),
+        ZooModel(
+            "hf_modernbert",
+            "transformers",
+            _hf("ModernBertModel", "ModernBertConfig", _tokens, **_TEXT_FFN, pad_token_id=0, sep_token_id=2),
+        ),
+        ZooModel(
+            "hf_mamba",  # transformers' reference scan: hundreds of small ops, few FLOPs
+            "transformers",
+            _hf(
+                "MambaModel",
+                "MambaConfig",
+                _tokens,
+                vocab_size=VOCAB,
+                hidden_size=64,
+                num_hidden_layers=2,
+                state_size=8,
+            ),
+        ),
+        ZooModel(
+            "hf_gpt_bigcode",
+            "transformers",
+            _hf(
+                "GPTBigCodeModel",
+                "GPTBigCodeConfig",
+                _tokens,
+                vocab_size=VOCAB,
+                n_embd=128,
+                n_layer=2,
+                n_head=4,
+            ),
+        ),
+        ZooModel(
+            "timm_eva02", "timm", _timm("eva02_tiny_patch14_224", partial(_image, size=112), img_size=112)
+        ),
         ZooModel("timm_repvgg", "timm", _timm("repvgg_a0")),
         ZooModel("timm_inception_v3", "timm", _timm("inception_v3", inputs=partial(_image, size=96))),
         *(ZooModel(name, "pattern", build) for name, build in PATTERNS.items()),
