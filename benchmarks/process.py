@@ -53,6 +53,8 @@ class Worker:
         )
         self.ready_prefix = ready_prefix
         self.ready: dict[str, Any] = {}
+        #: what the worker reported as it ended (``BENCH_RSS``): peak memory, and what else it adds
+        self.final: dict[str, Any] = {}
         if not gated:
             self._read_ready()
 
@@ -112,7 +114,8 @@ class Worker:
             rss = self._expect("BENCH_RSS ")
             self.proc.wait(timeout=60)
             self._close_log()
-            return json.loads(rss)["peak_rss_mb"] if rss else None
+            self.final = json.loads(rss) if rss else {}
+            return self.final.get("peak_rss_mb")
         self._close_log()
         return None
 

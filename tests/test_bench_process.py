@@ -88,6 +88,8 @@ class _FakeCell:
         pass
 
     def close(self) -> float:
+        # A trial moved the region after the first call (the worker reports the routes at the end).
+        self.final = {"peak_rss_mb": 100.0, "routes": ["inductor"], "warm_up_s": 2.0}
         return 100.0
 
 
@@ -119,3 +121,17 @@ def test_each_zoo_column_runs_in_its_own_processes_and_shows_the_fastest(monkeyp
     assert len(set(caches[:4])) == 4  # no process starts on another's caches
     assert caches[4] == next(c for c in caches[:4] if "auto-0" in c)  # the warm start
     assert auto["compile_s"] == 1.0 and auto["warm_compile_s"] == 9.0
+    assert (auto["routes"], auto["first_call_routes"], auto["warm_up_s"]) == (["inductor"], ["eager"], 2.0)
+
+
+def test_a_zoo_cell_is_warmed_up_before_its_first_timed_batch(monkeypatch):
+    """The trials auto runs on its calls (an inductor compile around the 80th, for a
+    graph slow for its work) are over before the timing budget is spent."""
+    import benchmarks.zoo.worker as zoo_worker
+
+    calls, syncs = [], []
+    warm_up = zoo_worker._warmed_up(lambda: calls.append(1), lambda: syncs.append(1))
+    assert len(calls) == warm_up["warm_up_calls"] == zoo_worker.WARM_UP_CALLS == 150
+    assert syncs == [1] and warm_up["warm_up_s"] >= 0
+    monkeypatch.setattr(zoo_worker, "WARM_UP_S", 0.0)  # a training step of seconds stops at the cap
+    assert zoo_worker._warmed_up(lambda: calls.append(1), lambda: None)["warm_up_calls"] == 0

@@ -6,8 +6,9 @@
 
 Per cell: pass or fail with the reason, accuracy against eager in the cell's
 dtype with an fp64 truth (as PyTorch's benchmark dashboard judges it),
-per-call median (batches taken in turn across the columns' processes; with
---processes N, the fastest of each column's N processes), cold compile (first call, fresh caches),
+per-call median (batches taken in turn across the columns' processes, after
+150 untimed calls in each; with --processes N, the fastest of each column's N
+processes), cold compile (first call, fresh caches),
 warm compile (a second process on the same caches, inductor and auto), peak
 memory (RSS on CPU, allocated GPU memory on CUDA). Per column: pass rate and
 geomean speedup over eager. Writes benchmarks/results/zoo-<device>-<stamp>
@@ -37,6 +38,7 @@ from ..run import _fmt_time as format_time
 from .columns import CPU_COLUMNS, CUDA_COLUMNS, TRAIN_COLUMNS
 from .models import ZOO
 from .wider import EVERY_MODEL, model_names
+from .worker import WARM_UP_CALLS
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 WARM = ("inductor", "auto")
@@ -115,7 +117,10 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
             "compile_s": ready.get("compile_s"),
             "warm_compile_s": warm.get(column),
             "peak_mb": max(peak) if peak else None,
-            "routes": ready.get("routes") or [],
+            # As they ran after the warm-up (a trial may move regions), else at the first call.
+            "routes": workers[_key(column, 0)].final.get("routes") or ready.get("routes") or [],
+            "first_call_routes": ready.get("routes") or [],
+            "warm_up_s": workers[_key(column, 0)].final.get("warm_up_s"),
         }
     return {"model": name, "mode": mode, "source": EVERY_MODEL[name].source, "cells": cells}
 
@@ -162,7 +167,9 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             f"## {mode}",
             "",
-            "Per call \\| cold compile \\| warm compile \\| peak MB; auto also shows its routes.",
+            f"Per call (after {WARM_UP_CALLS} untimed calls) \\| cold compile \\| warm compile \\| peak MB; auto "
+            "also shows its routes as they ran then, with the warm-up's length where it took over "
+            "twice its calls' time (a trial compiled on a later call).",
             "",
         ]
         lines += [
@@ -182,6 +189,9 @@ def markdown(result: dict[str, Any]) -> str:
                 parts.append(f"{c['peak_mb']:.0f} MB" if c["peak_mb"] else "-")
                 if column == "auto":
                     parts.append("+".join(c["routes"]))
+                    warm_up = c.get("warm_up_s")
+                    if warm_up and warm_up > 2 * WARM_UP_CALLS * c["per_call_s"]:
+                        parts.append(f"warm-up {warm_up:.1f} s")
                 cells.append(" \\| ".join(parts))
             lines.append(f"| {row['model']} | " + " | ".join(cells) + f" | {_ratio(row)} |")
         lines += ["", "| column | pass rate | geomean speedup over eager |", "|---|---|---|"]

@@ -9,8 +9,10 @@ dashboard does (``torch._dynamo.utils.same`` against eager in the cell's dtype o
 its device, with an fp64 run as the truth: in float32 that is fp32 eager; in
 bfloat16 a result passes when it is about as close to fp64 as bfloat16 eager
 is), prints ``ZOO_READY {json}``, then answers timing requests on stdin as
-``benchmarks.worker`` does. Once the cell is built, before it compiles, it
-prints ``WORKER_LOADED`` and waits for ``go`` (``Worker.release``).
+``benchmarks.worker`` does, after ``WARM_UP_CALLS`` untimed calls (``_warmed_up``);
+on ``quit`` it reports the warm-up's length and the routes as they ran last.
+Once the cell is built, before it compiles, it prints ``WORKER_LOADED`` and
+waits for ``go`` (``Worker.release``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from ..accuracy import accurate, floating_leaves, fp64_truth
 from ..process import LOADED
 from . import columns
 from .wider import EVERY_MODEL
+
+WARM_UP_CALLS = 150
+WARM_UP_S = 120.0  # a cap for the slowest cells (a training step of seconds)
 
 
 def _moved(model, inputs, device, dtype):
@@ -80,6 +85,22 @@ def _loaded() -> None:
     sys.__stdout__.flush()
     if sys.stdin.readline().strip() != "go":
         sys.exit(0)
+
+
+def _warmed_up(fn, sync) -> dict:
+    """``WARM_UP_CALLS`` calls (or ``WARM_UP_S``) before the first timed batch, as
+    a model runs in a service or a training loop, and how long they took. What a
+    column decides on its calls (auto's trials: ORT's thread count, a small graph
+    against the graph as traced, inductor for a graph slow for its work) is
+    then decided: hf_mamba's trial compiles inductor around its 80th call, for
+    seconds, and the timing budget ran out on that call before."""
+    start = time.perf_counter()
+    calls = 0
+    while calls < WARM_UP_CALLS and time.perf_counter() - start < WARM_UP_S:
+        fn()
+        calls += 1
+    sync()
+    return {"warm_up_s": time.perf_counter() - start, "warm_up_calls": calls}
 
 
 def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_dir: str | None) -> None:
@@ -156,12 +177,15 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
     if not report.get("ok"):
         return
     context = torch.no_grad() if mode == "infer" else torch.enable_grad()
+    warm_up: dict = {}
     with context, redirect_stdout(sys.stderr):
         for line in sys.stdin:
             command = line.strip()
             if command == "quit":
                 break
             n = int(command)
+            if not warm_up:
+                warm_up = _warmed_up(fn, sync)
             sync()
             start = time.perf_counter()
             for _ in range(n):
@@ -169,7 +193,10 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
             sync()
             sys.__stdout__.write(f"BENCH_TIME {time.perf_counter() - start}\n")
             sys.__stdout__.flush()
-    sys.__stdout__.write("BENCH_RSS " + json.dumps({"peak_rss_mb": _peak_mb(device)}) + "\n")
+    # The routes as they run now: a trial may have moved regions since the first call.
+    routes = sorted({r.route for p in plans for r in p.regions})
+    final = {"peak_rss_mb": _peak_mb(device), **warm_up, "routes": routes}
+    sys.__stdout__.write("BENCH_RSS " + json.dumps(final) + "\n")
     sys.__stdout__.flush()
 
 
