@@ -57,6 +57,7 @@ from typing import Any
 from . import autotune
 from .cache import ArtifactCache, region_key
 from .config import Config
+from .graph_tuning import CUTTING_ROUTE, cutting_regions_on_inductor
 from .planner import availability
 from .region import GraphPlan
 from .routes import CompiledFn, registry
@@ -87,7 +88,6 @@ INDUCTOR_TRIAL_S = 1e-3
 # and plain inductor ran it in 760 µs against auto's 488 settled; Mamba's graph
 # measured 0.74-0.97.
 INDUCTOR_PAST_ROUTED_SHARE = 0.5
-_INDUCED_ROUTE = "onnxrt"  # the route whose regions inductor stands in for
 _KIND = "in-place-trial"
 
 
@@ -135,7 +135,7 @@ class InPlaceTrial:
         self.stitched = list(stitched)
         self.runners = [r for s in stitched for r in s.runners]
         #: inductor may stand in for the ORT regions, where the graph is slow for its work
-        self.inductor = inductor and any(r.chain[0] == _INDUCED_ROUTE for r in self.runners)
+        self.inductor = inductor and any(r.chain[0] == CUTTING_ROUTE for r in self.runners)
         self.cache = cache
         self.key = region_key(
             stitched[0].gm,
@@ -226,19 +226,13 @@ class InPlaceTrial:
         inductor compiles them for. Where inductor fails a region (or computes
         it differently from torch) the leader wins, and the reason is kept."""
         out, region_args = with_region_inputs(self.stitched, lambda: self.sides[AS_ROUTED](*args))
-        compiled: dict[str, CompiledFn] = {}
-        for runner in self.runners:
-            if runner.chain[0] != _INDUCED_ROUTE:
-                continue
-            inputs = region_args.get(runner.plan.name)
-            fn = None if inputs is None else runner.candidate("inductor", inputs)
-            if fn is None:
-                reason = runner.run.measured.get("inductor", "the region did not run")
-                assert self.leader is not None
-                self._finish(self.leader, f"not compiled: {runner.plan.name}: {reason}")
-                TRIAL_SLOT.release(self)
-                return out
-            compiled[runner.plan.name] = fn
+        compiled, failed = cutting_regions_on_inductor(self.runners, region_args)
+        if failed is not None:
+            reason = failed.run.measured.get("inductor", "the region did not run")
+            assert self.leader is not None
+            self._finish(self.leader, f"not compiled: {failed.plan.name}: {reason}")
+            TRIAL_SLOT.release(self)
+            return out
         self.on_inductor = compiled
         self.sides[ON_INDUCTOR] = with_regions_swapped(self.runners, compiled, self.sides[AS_ROUTED])
         return out
@@ -254,7 +248,7 @@ class InPlaceTrial:
             runner.run.measured[IN_PLACE] = line
             if winner == AS_TRACED and runner.chain[0] != "eager":
                 runner.run_eager(f"slower in place than the graph as traced, by measurement: {line}")
-            elif winner == ON_INDUCTOR and runner.chain[0] == _INDUCED_ROUTE:
+            elif winner == ON_INDUCTOR and runner.chain[0] == CUTTING_ROUTE:
                 # From the cache, compiled on the region's next call (inductor's own cache serves it).
                 reason = f"slower in place than on inductor, by measurement: {line}"
                 runner.run_on("inductor", reason, compiled.get(runner.plan.name))

@@ -40,7 +40,7 @@ from .config import Config
 from .planner import availability
 from .region import GraphPlan
 from .routes import CompiledFn, registry
-from .stitch import COMPILE_LOCK, StitchedGraph, with_region_inputs, with_regions_swapped
+from .stitch import COMPILE_LOCK, RegionRunner, StitchedGraph, with_region_inputs, with_regions_swapped
 from .work import estimated_flops
 
 AS_ROUTED = "as routed"
@@ -48,7 +48,7 @@ ALL_EAGER = "all eager"
 ON_INDUCTOR = "regions on inductor"  # the regions of routes that cut inductor's graph
 WHOLE_GRAPH = "whole graph"  # the key of this measurement in each region's ``measured``
 INDUCTOR_UNTRIED = "inductor untried"  # a decision's note: why inductor was not compiled
-_CUTTING_ROUTE = "onnxrt"  # runs on threads of its own: its regions contend with the eager ones
+CUTTING_ROUTE = "onnxrt"  # runs on threads of its own: its regions contend with the eager ones
 # An ORT graph below this much work is not timed: it runs in tens of µs, where
 # Dynamo's own call dominates and the routes differ by less than a busy
 # machine's noise, and timing costs about half a second of its first call.
@@ -69,7 +69,7 @@ def is_cut(stitched: StitchedGraph, config: Config) -> bool:
     """True where ONNX Runtime regions share a graph with eager regions that compute
     (not only views) and inductor may stand in for them."""
     routes = {r.chain[0] for r in stitched.runners}
-    if _CUTTING_ROUTE not in routes or not config.allows("inductor"):
+    if CUTTING_ROUTE not in routes or not config.allows("inductor"):
         return False
     if not availability(registry.get("inductor")).ok:
         return False
@@ -89,12 +89,30 @@ def whole_graph_check(stitched: StitchedGraph, plan: GraphPlan, config: Config) 
         return WholeGraphCheck(stitched, config, cut)
     if config.autotune or config.forced or not config.allows("eager") or plan.devices != {"cpu"}:
         return None
-    ort = [r for r in stitched.runners if r.chain[0] == _CUTTING_ROUTE]
+    ort = [r for r in stitched.runners if r.chain[0] == CUTTING_ROUTE]
     flops = [estimated_flops(r.gm) for r in ort]
     if not ort or None in flops or sum(f for f in flops if f is not None) < TIMED_GRAPH_FLOPS:
         return None
     inductor = config.allows("inductor") and availability(registry.get("inductor")).ok
     return WholeGraphCheck(stitched, config, inductor_past=INDUCTOR_PAST_EAGER_SHARE if inductor else None)
+
+
+def cutting_regions_on_inductor(
+    runners: Sequence[RegionRunner], region_args: dict[str, Sequence[Any]]
+) -> tuple[dict[str, CompiledFn], RegionRunner | None]:
+    """Each ``CUTTING_ROUTE`` region compiled by inductor on the inputs it ran on
+    (``region_args``) and checked against torch, by name; stops at the first that
+    fails, returned second (its reason is in its ``measured``), else None."""
+    compiled: dict[str, CompiledFn] = {}
+    for runner in runners:
+        if runner.chain[0] != CUTTING_ROUTE:
+            continue
+        inputs = region_args.get(runner.plan.name)
+        fn = None if inputs is None else runner.candidate("inductor", inputs)
+        if fn is None:
+            return compiled, runner
+        compiled[runner.plan.name] = fn
+    return compiled, None
 
 
 class WholeGraphCheck:
@@ -162,7 +180,9 @@ class WholeGraphCheck:
         if decision is None:
             candidates = {AS_ROUTED: self.forward}
             if ALL_EAGER in self.rivals:
-                candidates[ALL_EAGER] = self._swapped({r.plan.name: r.gm.forward for r in self.runners})
+                candidates[ALL_EAGER] = with_regions_swapped(
+                    self.runners, {r.plan.name: r.gm.forward for r in self.runners}, self.forward
+                )
             if ON_INDUCTOR in self.rivals:
                 compiled = self._add_inductor(candidates, region_args)
             seconds = self._timed(candidates, args)
@@ -194,17 +214,11 @@ class WholeGraphCheck:
     ) -> dict[str, CompiledFn]:
         """Each ORT region compiled by inductor and checked against torch, added to
         ``candidates`` as one; empty where one fails (the candidate is then not timed)."""
-        compiled = {}
-        for runner in self.runners:
-            if runner.chain[0] != _CUTTING_ROUTE:
-                continue
-            inputs = region_args.get(runner.plan.name)
-            fn = None if inputs is None else runner.candidate("inductor", inputs)
-            if fn is None:
-                return {}
-            compiled[runner.plan.name] = fn
+        compiled, failed = cutting_regions_on_inductor(self.runners, region_args)
+        if failed is not None:
+            return {}
         if compiled:
-            candidates[ON_INDUCTOR] = self._swapped(compiled)
+            candidates[ON_INDUCTOR] = with_regions_swapped(self.runners, compiled, self.forward)
         return compiled
 
     def _apply(self, decision: dict[str, Any], compiled: dict[str, CompiledFn]) -> None:
@@ -219,9 +233,5 @@ class WholeGraphCheck:
         for runner in self.runners:
             if winner == ALL_EAGER and runner.chain[0] != "eager":
                 runner.run_eager(reason)
-            elif winner == ON_INDUCTOR and runner.chain[0] == _CUTTING_ROUTE:
+            elif winner == ON_INDUCTOR and runner.chain[0] == CUTTING_ROUTE:
                 runner.run_on("inductor", reason, compiled.get(runner.plan.name))
-
-    def _swapped(self, fns: dict[str, CompiledFn]) -> CompiledFn:
-        """The graph's call with the regions named in ``fns`` run by those functions."""
-        return with_regions_swapped(self.runners, fns, self.forward)
