@@ -210,12 +210,35 @@ def test_pool_outputs_are_copied_without_reading_every_inputs_storage(monkeypatc
     torch.testing.assert_close(relu, (x @ w).relu())
 
 
-def test_several_outputs_are_copied_with_their_strides():
+def test_several_outputs_are_copied_with_their_strides_in_one_call():
+    """A graph's outputs (any dtype and layout) are copied by one op, not an
+    allocation per output from Python: a replay is bound by host time."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
     from dispatch.routes.cudagraphs import copied
 
-    a, b = torch.randn(3, 5), torch.randn(5, 3).t()
-    ca, cb = copied([a, b])
-    torch.testing.assert_close(ca, a)
-    torch.testing.assert_close(cb, b)
-    assert cb.stride() == b.stride()
-    assert ca.data_ptr() != a.data_ptr() and cb.data_ptr() != b.data_ptr()
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    tensors = [
+        torch.randn(3, 5),
+        torch.randn(5, 3).t(),
+        torch.randn(1, 3, 4, 4).to(memory_format=torch.channels_last),
+        torch.arange(6, dtype=torch.int32),
+        torch.tensor([True, False]),
+        torch.randn(4, 6)[:, 1:],  # not dense: copied contiguous, as clone does
+    ]
+    with Ops() as ops:
+        copies = copied(tensors)
+    assert ops.seen == ["aten._foreach_clone"]
+    for tensor, copy in zip(tensors, copies):
+        assert copy.dtype == tensor.dtype and torch.equal(copy, tensor)
+        assert copy.untyped_storage().data_ptr() != tensor.untyped_storage().data_ptr()
+    assert [c.stride() for c in copies[:4]] == [t.stride() for t in tensors[:4]]
+    assert copies[5].is_contiguous()

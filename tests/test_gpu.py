@@ -150,6 +150,13 @@ model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.
 x = torch.randn(16, 64, device="cuda")
 with torch.no_grad():
     program = dispatch.lower(model, (x,))
+    (region,) = program.regions
+    if any("AOTInductor package died of" in why for why in region.rejected.values()):
+        # The load check saw the package kill a fresh Python: the region fell back, and
+        # must still be right. The test then asks whether plain torch's package dies too.
+        torch.testing.assert_close(program(x), model(x), rtol=1e-3, atol=1e-3)
+        print("AOTI_LOAD_DIES", region.route, region.rejected["inductor"])
+        sys.exit(0)
     assert [(r.route, r.inner_route) for r in program.regions] == [("cudagraphs", "inductor")], program.regions
     first = program(x)
     torch.testing.assert_close(first, model(x), rtol=1e-3, atol=1e-3)
@@ -175,10 +182,21 @@ with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x), rtol=1e-3, atol=1e-3)
 """
 
+PLAIN_AOTI_ROUND_TRIP = """
+import os, sys, torch
+from torch._inductor import aoti_compile_and_package, aoti_load_package
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 8)).cuda().eval()
+x = torch.randn(16, 64, device="cuda")
+with torch.no_grad():
+    program = torch.export.export(model, (x,))
+    path = aoti_compile_and_package(program, package_path=os.path.join(sys.argv[1], "plain.pt2"))
+    torch.testing.assert_close(aoti_load_package(path)(x), model(x), rtol=1e-3, atol=1e-3)
+"""
 
-def _in_fresh_process(code: str, *args: str) -> None:
-    """``code`` run in a fresh interpreter; a crash fails this test alone (on torch
-    2.11 and an H200, loading the AOTInductor package segfaulted the process)."""
+
+def _in_fresh_process(code: str, *args: str) -> str:
+    """``code`` run in a fresh interpreter, and its stdout; a crash fails this test
+    alone (on torch 2.11 and an H200, loading an AOTInductor package segfaulted)."""
     import signal
 
     out = run_python(code, *args, timeout=900)  # AOTInductor builds a CUDA package for a minute or more
@@ -186,13 +204,29 @@ def _in_fresh_process(code: str, *args: str) -> None:
         name = signal.Signals(-out.returncode).name
         pytest.fail(f"the process died of {name}:\n{out.stderr[-4000:]}")
     assert out.returncode == 0, out.stderr[-4000:]
+    return out.stdout
 
 
 def test_a_lowered_cuda_program_is_captured_inductor_and_round_trips(tmp_path):
     """CUDA inference lowers to an AOTInductor package inside a CUDA graph capture,
-    and the saved file runs in another process."""
+    and the saved file runs in another process. Where the package kills the Python
+    that loads it, the region falls back and runs right; the test then skips only if
+    plain torch's own round trip of the same model dies too (torch's fault, not ours)."""
+    import signal
+
     path = str(tmp_path / "cuda.dispatch")
-    _in_fresh_process(LOWER_ON_CUDA, path)
+    said = _in_fresh_process(LOWER_ON_CUDA, path)
+    if "AOTI_LOAD_DIES" in said:
+        plain = run_python(PLAIN_AOTI_ROUND_TRIP, str(tmp_path), timeout=900)
+        assert plain.returncode < 0, (
+            "dispatch's AOTInductor package killed a fresh Python, but plain torch's package "
+            f"of the same model loads and runs: the fault is dispatch's ({said.strip()})"
+        )
+        pytest.skip(
+            f"torch {torch.__version__}'s own AOTInductor round trip dies of "
+            f"{signal.Signals(-plain.returncode).name} on this machine; dispatch.lower fell back "
+            f"and ran the model right ({said.strip()[:200]})"
+        )
     _in_fresh_process(LOAD_ON_CUDA, path)
 
 
