@@ -57,7 +57,7 @@ from typing import Any
 from . import autotune
 from .cache import ArtifactCache, region_key
 from .config import Config
-from .graph_tuning import CUTTING_ROUTE, cutting_regions_on_inductor
+from .graph_tuning import AS_ROUTED, CUTTING_ROUTE, ON_INDUCTOR, cutting_regions_on_inductor
 from .planner import availability
 from .region import GraphPlan
 from .routes import CompiledFn, registry
@@ -67,9 +67,7 @@ from .stitch import StitchedGraph, with_region_inputs, with_regions_swapped
 
 log = logging.getLogger("dispatch")
 
-AS_ROUTED = "as routed"
 AS_TRACED = "as traced"
-ON_INDUCTOR = "regions on inductor"  # the routed program with its ORT regions compiled by inductor
 IN_PLACE = "in place"  # the key of this measurement in each region's ``measured``
 # The routed program runs alone for its first calls: the first compiles its
 # regions, and ORT regions of middling work then try their thread counts

@@ -103,7 +103,8 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
             second.close()
     cells = {}
     for column in columns:
-        ready = workers[_key(column, 0)].ready  # the first process's compile, accuracy and routes
+        first = workers[_key(column, 0)]
+        ready = first.ready  # the first process's compile, accuracy and routes
         runs = [medians[_key(column, k)] for k in range(processes) if _key(column, k) in medians]
         peak = [m for k in range(processes) if (m := peaks[_key(column, k)]) is not None]
         cells[column] = {
@@ -118,9 +119,9 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
             "warm_compile_s": warm.get(column),
             "peak_mb": max(peak) if peak else None,
             # As they ran after the warm-up (a trial may move regions), else at the first call.
-            "routes": workers[_key(column, 0)].final.get("routes") or ready.get("routes") or [],
+            "routes": first.final.get("routes") or ready.get("routes") or [],
             "first_call_routes": ready.get("routes") or [],
-            "warm_up_s": workers[_key(column, 0)].final.get("warm_up_s"),
+            "warm_up_s": first.final.get("warm_up_s"),
         }
     return {"model": name, "mode": mode, "source": EVERY_MODEL[name].source, "cells": cells}
 

@@ -87,6 +87,11 @@ def _loaded() -> None:
         sys.exit(0)
 
 
+def _routes(plans) -> list[str]:
+    """The routes the recorded plans' regions run on now (a trial may move them)."""
+    return sorted({r.route for p in plans for r in p.regions})
+
+
 def _warmed_up(fn, sync) -> dict:
     """``WARM_UP_CALLS`` calls (or ``WARM_UP_S``) before the first timed batch, as
     a model runs in a service or a training loop, and how long they took. What a
@@ -155,7 +160,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
                     report["compile_s"] = time.perf_counter() - start
                     report["accurate"] = accurate(reference, fp64, out, dtype)
                     del out  # a held output keeps a CUDA graph tree from replaying its recording
-            report["routes"] = sorted({r.route for p in plans for r in p.regions})
+            report["routes"] = _routes(plans)
             if column == "auto":  # for the cell's log (run.py --logs): what ran where, and why
                 print(region_table([r for p in plans for r in p.regions]), file=sys.stderr)
             report["ok"] = report["accurate"]
@@ -194,8 +199,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
             sys.__stdout__.write(f"BENCH_TIME {time.perf_counter() - start}\n")
             sys.__stdout__.flush()
     # The routes as they run now: a trial may have moved regions since the first call.
-    routes = sorted({r.route for p in plans for r in p.regions})
-    final = {"peak_rss_mb": _peak_mb(device), **warm_up, "routes": routes}
+    final = {"peak_rss_mb": _peak_mb(device), **warm_up, "routes": _routes(plans)}
     sys.__stdout__.write("BENCH_RSS " + json.dumps(final) + "\n")
     sys.__stdout__.flush()
 
