@@ -7,11 +7,33 @@ to do instead.
 
 from __future__ import annotations
 
+import re
+
+# Colour codes some libraries put in their messages (torch.onnx.export's steps).
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
 
 def error_line(error: BaseException, width: int = 200) -> str:
     """``error`` as its type and the first line of its message, cut at ``width``:
-    what a reason in ``explain`` or a warning quotes of an exception."""
-    return f"{type(error).__name__}: {error}".splitlines()[0][:width]
+    what a reason in ``explain`` or a warning quotes of an exception.
+
+    An error raised from another (``raise ... from``) is quoted by its first
+    cause, which says what went wrong where the outer one says where:
+    ``torch.onnx.export`` raises "ConversionError: Failed to convert the exported
+    program to an ONNX model" from "No ONNX function found for prims.hypot"."""
+    root, seen = error, {id(error)}
+    while root.__cause__ is not None and id(root.__cause__) not in seen:
+        root = root.__cause__
+        seen.add(id(root))
+    line = _first_line(root)
+    if root is not error:
+        line += f" (raised as {type(error).__name__})"
+    return line[:width]
+
+
+def _first_line(error: BaseException) -> str:
+    text = _TERMINAL_CODES.sub("", f"{type(error).__name__}: {error}")
+    return next((line for line in text.splitlines() if line.strip()), type(error).__name__)
 
 
 class DispatchError(RuntimeError):

@@ -118,6 +118,27 @@ def test_onnxrt_export_failure_falls_back_per_region(monkeypatch):
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+def test_a_fallback_quotes_the_error_it_was_raised_from_without_terminal_colours(monkeypatch):
+    # torch.onnx.export raises "Failed to convert the exported program" (with
+    # colour codes) from the error that names the op; the user needs the latter.
+    import dispatch.routes.onnxrt as onnxrt
+
+    def failing_export(*args, **options):
+        try:
+            raise LookupError("No ONNX function found for prims.made_up\nFailure message: none")
+        except LookupError as cause:
+            raise RuntimeError("Failed to convert. \x1b[96mThis is step 3/3\x1b[0m of exporting") from cause
+
+    monkeypatch.setattr(onnxrt, "export_region", failing_export)
+    with torch.no_grad(), pytest.warns(FallbackWarning) as caught:
+        explanation = dispatch.explain(MLP().eval(), torch.randn(4, 16), options=ONNX_AND_EAGER)
+    quoted = "LookupError: No ONNX function found for prims.made_up (raised as RuntimeError)"
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, FallbackWarning)]
+    assert quoted in message and "\x1b" not in message
+    (region,) = explanation.regions
+    assert region.route == "eager" and quoted in region.rejected["onnxrt"]
+
+
 def test_forced_unavailable_route_strict_raises(monkeypatch):
     from dispatch.routes.base import Availability
 

@@ -137,6 +137,45 @@ def test_regions_are_listed_and_numbered_in_the_order_a_call_runs_them():
     assert "aten.native_layer_norm.default" in plan.regions[2].ops
 
 
+class _HypotBetweenLayers(torch.nn.Module):
+    """Two Linear-ReLU layers around ``hypot`` and a ``var_mean``: torch's tables
+    decompose both, hypot into ``prims.hypot`` (no torchlib function), var_mean
+    into prims that torchlib has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x).relu()
+        return self.b(torch.hypot(h, x).relu() + torch.var_mean(h, 1, keepdim=True)[0]).relu()
+
+
+def test_an_op_the_exporter_decomposes_into_untranslatable_ops_is_planned_off_onnxrt():
+    # Planned on onnxrt by the decomposition table alone, the region's export
+    # failed on its first call and the whole region fell back to eager.
+    plan = fake_plan(_HypotBetweenLayers(), "cpu", (4, 16))
+    (hypot,) = [r for r in plan.regions if "aten.hypot.default" in r.ops]
+    assert hypot.route == "eager"
+    assert hypot.ops == ("aten.hypot.default",)
+    assert "decomposes aten.hypot.default into prims.hypot.default" in hypot.rejected["onnxrt"]
+    (var_mean,) = [r for r in plan.regions if "aten.var_mean.correction" in r.ops]
+    assert var_mean.route == "onnxrt"  # its decomposition is all torchlib's
+    assert [r.route for r in plan.regions] == ["onnxrt", "eager", "onnxrt"]
+
+
+def test_a_region_around_an_untranslatable_decomposition_runs_on_onnxrt_without_falling_back():
+    model = _HypotBetweenLayers().eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        explanation = dispatch.explain(model, x, options={"routes": ["onnxrt", "eager"]})
+        compiled = torch.compile(model, backend="auto", options={"routes": ["onnxrt", "eager"]})
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert [r.route for r in explanation.regions] == ["onnxrt", "eager", "onnxrt"]
+
+
 def test_custom_op_strict_onnxrt_raises_unsupported_op():
     with pytest.raises(dispatch.UnsupportedOpError, match="scaled_tanh"):
         fake_plan(CustomOpMLP(), "cpu", (4, 16), routes=["onnxrt"], strict=True)

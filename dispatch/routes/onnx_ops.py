@@ -8,13 +8,14 @@ a hand-written list.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
 import operator
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -66,37 +67,145 @@ def onnx_registry() -> Any:
 
 
 def translatable(target: object) -> bool:
-    """True where ``torch.onnx.export`` can turn the aten op ``target`` into ONNX."""
+    """True where ``torch.onnx.export`` can turn the aten op ``target`` into ONNX:
+    torchlib registers it, or a decomposition table rewrites it (whether into ops
+    torchlib knows, ``untranslatable_decomposition`` asks of a node)."""
     if not isinstance(target, torch._ops.OpOverload):
         return False
     if target.name() in _REWRITTEN_FOR_EXPORT:
         return True
-    cache = current_cache()
-    return target.name() in _translatable_names(cache.root if cache else None)
+    ops = exporter_ops(_cache_root())
+    return target.name() in ops.registered or target.name() in ops.decomposed
 
 
 # Ops torchlib cannot translate that ``onnx_rewrites.py`` turns into ones it can.
 _REWRITTEN_FOR_EXPORT = frozenset({"aten::sort.stable"})
 
 
+def _cache_root() -> Path | None:
+    cache = current_cache()
+    return cache.root if cache else None
+
+
+class ExporterOps(NamedTuple):
+    """The aten ops ``torch.onnx.export`` knows, by name."""
+
+    registered: frozenset[str]  # torchlib has a function for each
+    decomposed: frozenset[str]  # only a decomposition table rewrites each
+
+
 @functools.cache
-def _translatable_names(root: Path | None) -> frozenset[str]:
-    """Ops that torchlib registers or that the exporter's decomposition tables rewrite.
+def exporter_ops(root: Path | None) -> ExporterOps:
+    """The ops torchlib registers, and those only the exporter's decomposition
+    tables rewrite.
 
     Read from the persistent cache where an earlier process stored them:
     building torchlib's registry (and importing onnxscript for it) costs
     seconds that a warm start should not pay."""
     cache = ArtifactCache(root) if root else None
-    key = hashlib.sha256(repr((versions(), export_opset())).encode()).hexdigest()
+    key = hashlib.sha256(repr((versions(), export_opset(), ExporterOps._fields)).encode()).hexdigest()
     names = cache.get_json("onnx-ops", key) if cache else None
     if names is None:
         registered = {k if isinstance(k, str) else str(k) for k in onnx_registry().functions}
-        decomposable = {op.name() for op in torch.export.default_decompositions() if hasattr(op, "name")}
-        decomposable.update(op.name() for op in torch._decomp.decomposition_table if hasattr(op, "name"))
-        names = sorted(registered | decomposable)
+        decomposed = {op.name() for op in torch.export.default_decompositions() if hasattr(op, "name")}
+        decomposed.update(op.name() for op in torch._decomp.decomposition_table if hasattr(op, "name"))
+        names = [sorted(registered), sorted(decomposed - registered)]
         if cache:
             cache.put_json("onnx-ops", key, names)
-    return frozenset(names)
+    return ExporterOps(*(frozenset(found) for found in names))
+
+
+def untranslatable_decomposition(node: torch.fx.Node) -> list[str]:
+    """The ops torchlib cannot translate that the exporter's decomposition of
+    ``node`` reaches (empty where it reaches none, or where its op is registered).
+
+    The decomposition tables rewrite many ops into ``prims`` that torchlib has no
+    function for: ``hypot``, ``lgamma``, ``digamma``, ``erfinv``, ``i0``,
+    ``copysign``, ``gcd``, ``cumprod`` (``prims.prod``). Planned on ONNX Runtime
+    by the table alone, each failed its region's export on the first call
+    ("Failed to convert the exported program") and the whole region fell back.
+    So the decomposition is traced on the node's own shapes and dtypes, as the
+    exporter would run it, once per op and dtypes (kept in the persistent
+    cache). A decomposition that cannot be traced here is left to that
+    first-call check."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target.name() in _REWRITTEN_FOR_EXPORT:
+        return []
+    root = _cache_root()
+    if target.name() not in exporter_ops(root).decomposed:
+        return []
+    args = (node.args, node.kwargs)
+    values = [tensor_value(a) for a in node.all_input_nodes]
+    if any(v is None or is_symbolic(a) for v, a in zip(values, node.all_input_nodes)):
+        return []
+    dtypes = tuple(str(v.dtype) for v in values if v is not None)
+    cache = ArtifactCache(root) if root else None
+    key = hashlib.sha256(repr((versions(), export_opset(), target.name(), dtypes)).encode()).hexdigest()
+    record = cache.get_json("onnx-decomposition", key) if cache else None
+    if record is None:
+        missing = _traced_missing(target, args)
+        if missing is None:
+            return []
+        record = {"missing": missing}
+        if cache:
+            cache.put_json("onnx-decomposition", key, record)
+    return list(record["missing"])
+
+
+def _traced_missing(target: torch._ops.OpOverload, args: tuple[Any, Any]) -> list[str] | None:
+    """The ops without a torchlib function in ``target``'s decomposition, traced on
+    fake tensors shaped like ``args``' values; None where the trace fails."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    registered, table = _decomposition_table()
+    tensors: list[torch.fx.Node] = []
+
+    def placeholder(arg: Any) -> Any:
+        if not isinstance(arg, torch.fx.Node):
+            return arg
+        tensors.append(arg)
+        return _Input(len(tensors) - 1)
+
+    positions = torch.utils._pytree.tree_map(placeholder, args)
+
+    def call(*inputs: torch.Tensor) -> Any:
+        call_args, call_kwargs = torch.utils._pytree.tree_map(
+            lambda a: inputs[a.index] if isinstance(a, _Input) else a, positions
+        )
+        return target(*call_args, **call_kwargs)
+
+    try:
+        with FakeTensorMode():
+            inputs = []
+            for arg in tensors:
+                value = tensor_value(arg)
+                assert value is not None
+                inputs.append(
+                    torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+                )
+            traced = make_fx(call, decomposition_table=table, tracing_mode="fake")(*inputs)
+    except Exception:  # the decomposition does not trace on fake tensors: left to the export
+        return None
+    ops = {n.target for n in traced.graph.nodes if isinstance(n.target, torch._ops.OpOverload)}
+    return sorted(str(op) for op in ops if op not in registered)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Input:
+    """Which traced input stands where a node was in an op's arguments (a pytree leaf)."""
+
+    index: int
+
+
+@functools.cache
+def _decomposition_table() -> tuple[frozenset[Any], dict[Any, Any]]:
+    """The ops torchlib registers, and the table ``torch.onnx.export`` decomposes
+    the others with (torch's own tables, less what torchlib registers)."""
+    from torch.onnx._internal.exporter import _decomp
+
+    registered = frozenset(_decomp.get_onnx_implemented_overloads(onnx_registry()))
+    return registered, _decomp.create_onnx_friendly_decomposition_table(set(registered))
 
 
 # Max poolings: aten ops returning (values, indices).

@@ -46,7 +46,7 @@ from .onnx_export import export_region, fed_positions, size_without_tensor
 from .onnx_guards import ShapeClasses
 from .onnx_model import OnnxModel
 from .onnx_on_torch import TorchWhereNaN, refusing_other_shapes, run_by_torch
-from .onnx_ops import export_opset, not_as_in_torch, translatable
+from .onnx_ops import export_opset, not_as_in_torch, translatable, untranslatable_decomposition
 from .onnx_outputs import checked_against_torch, in_traced_layout, output_values
 from .onnx_rewrites import sorts_in_onnx_runtime_order
 from .onnx_threads import ONE, POOL, TRIAL, ThreadCountTrial, thread_plan
@@ -124,6 +124,12 @@ class OnnxRoute(Route):
                 return _FLOAT64_REASON
             if t.is_sparse or t.layout != torch.strided:
                 return f"layout {t.layout} is not exported to ONNX"
+        missing = untranslatable_decomposition(node)
+        if missing:
+            return (
+                f"the ONNX exporter decomposes {node.target} into {', '.join(missing)}, "
+                "which it cannot translate"
+            )
         return None
 
     def region_reason(self, nodes: Collection[torch.fx.Node]) -> str | None:
