@@ -214,8 +214,18 @@ def region_table(regions: Sequence[Region]) -> str:
     if notes:
         lines += ["", "Why not other routes:", *notes]
     if left_out:
+        # A measurement may move a region to a route the rule left out (a cut CPU
+        # graph's ORT regions to inductor): said beside the rule, not against it.
+        ran = {r.route for r in regions}
         lines += ["", "Left out of the route order:"]
-        lines += [f"  {', '.join(routes)}: {reason}" for reason, routes in left_out.items()]
+        for reason, routes in left_out.items():
+            if rest := [route for route in routes if route not in ran]:
+                lines.append(f"  {', '.join(rest)}: {reason}")
+            if moved := [route for route in routes if route in ran]:
+                lines.append(
+                    f"  {', '.join(moved)}: {reason} (the regions above on {', '.join(moved)} "
+                    "were moved there by measurement)"
+                )
     measured = [
         f"  graph {r.graph} {r.name} [{r.kind}]: "
         + ", ".join(f"{route} {line}" for route, line in r.measured.items())

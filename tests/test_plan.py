@@ -433,3 +433,37 @@ def test_a_view_of_a_weight_that_only_eager_reads_stays_with_torch():
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
         torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x))
+
+
+def test_a_route_left_out_by_rule_that_a_measurement_moved_a_region_to_is_not_listed_as_unused():
+    from dispatch.region import BY_RULE, Region, region_table
+
+    rule = f"{BY_RULE}: CPU inference: ONNX Runtime runs what it can"
+    left_out = {"inductor": rule, "triton": rule}
+    regions = [
+        Region(
+            0,
+            "onnxrt_cpu_0",
+            "inductor",
+            ("aten.mm.default",),
+            frozenset({"cpu"}),
+            1,
+            rejected=dict(left_out),
+            planned_route="onnxrt",
+        ),
+        Region(
+            0,
+            "eager_cpu_0",
+            "eager",
+            ("aten.cumprod.default",),
+            frozenset({"cpu"}),
+            1,
+            rejected=dict(left_out),
+        ),
+    ]
+    lines = region_table(regions).splitlines()
+    assert "  triton: CPU inference: ONNX Runtime runs what it can" in lines
+    assert (
+        "  inductor: CPU inference: ONNX Runtime runs what it can "
+        "(the regions above on inductor were moved there by measurement)"
+    ) in lines
