@@ -16,6 +16,10 @@ Inductor is tried even where ORT beats eager there: in one zoo run of Mixtral, a
 routed ran in 0.75 of eager's time and inductor in 0.60.
 On Mixtral the ORT regions ran 2x slower in place than alone, and the graph
 1.4x slower than inductor's. The decision is cached like the regions' own.
+A cut graph whose ORT regions do under ``TIMED_GRAPH_FLOPS`` is left to the
+in-place trial (``graph_trial``), as an uncut one is: a custom op between two
+64-wide layers (28 µs a call) took 18 s to its first result, inductor's
+compile included, against 2.4 s timed in place, where it ran as traced.
 
 Any other CPU inference graph that ONNX Runtime runs is timed too, where it
 does enough work for the routes to differ by more than a timer sees: as routed
@@ -79,22 +83,29 @@ def is_cut(stitched: StitchedGraph, config: Config) -> bool:
 
 def whole_graph_check(stitched: StitchedGraph, plan: GraphPlan, config: Config) -> WholeGraphCheck | None:
     """The check that times an inference graph whole on its first call, or None
-    where nothing is timed: a multi-region graph under autotune or cut by eager
-    work, and a CPU graph with ORT regions doing enough work, unless the user
-    forced a route or a size is symbolic (one shape's timing need not hold for
-    the others)."""
+    where nothing is timed: a multi-region graph under autotune; one cut by
+    eager work whose ORT regions do enough work (or an unknown amount: a
+    symbolic size); and a CPU graph with ORT regions doing enough work, unless
+    the user forced a route or a size is symbolic (one shape's timing need not
+    hold for the others)."""
     several = len(plan.regions) > 1
     cut = several and is_cut(stitched, config)
-    if cut or (several and config.autotune):
+    work = _onnx_work(stitched)
+    if (cut and (work is None or work >= TIMED_GRAPH_FLOPS)) or (several and config.autotune):
         return WholeGraphCheck(stitched, config, cut)
     if config.autotune or config.forced or not config.allows("eager") or plan.devices != {"cpu"}:
         return None
-    ort = [r for r in stitched.runners if r.chain[0] == CUTTING_ROUTE]
-    flops = [estimated_flops(r.gm) for r in ort]
-    if not ort or None in flops or sum(f for f in flops if f is not None) < TIMED_GRAPH_FLOPS:
+    if not work or work < TIMED_GRAPH_FLOPS:
         return None
     inductor = config.allows("inductor") and availability(registry.get("inductor")).ok
     return WholeGraphCheck(stitched, config, inductor_past=INDUCTOR_PAST_EAGER_SHARE if inductor else None)
+
+
+def _onnx_work(stitched: StitchedGraph) -> int | None:
+    """The FLOPs of the graph's ONNX Runtime regions (0 with none); None where a
+    region's work is unknown (a symbolic size)."""
+    flops = [estimated_flops(r.gm) for r in stitched.runners if r.chain[0] == CUTTING_ROUTE]
+    return None if None in flops else sum(f for f in flops if f is not None)
 
 
 def cutting_regions_on_inductor(

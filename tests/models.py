@@ -42,6 +42,23 @@ def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0], w.shape[1])
 
 
+class ExpertBetweenOnnx(torch.nn.Module):
+    """Two ORT regions around an op no exporter knows, as in a mixture-of-experts
+    layer. At ``width`` 1024 and 16 rows its ORT regions do 67 MFLOP, enough for
+    the whole-graph check (``graph_tuning.TIMED_GRAPH_FLOPS``); at 16, little."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.before = torch.nn.Linear(width, width)
+        self.expert = torch.nn.Parameter(torch.randn(width, width) / width**0.5)
+        self.after = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.before(x)) * 2.0
+        h = matmul_outside_onnx(h, self.expert)
+        return torch.tanh(self.after(h)) - 1.0
+
+
 @dataclasses.dataclass
 class Scores:
     """A model output type of the user's (as transformers' ModelOutput is), which

@@ -18,6 +18,7 @@ from benchmarks.zoo.models import InplaceInput
 from dispatch.graph_trial import IN_PLACE, ON_INDUCTOR, ROUTED_FIRST_CALLS, TIMED_CALLS, WARM_CALLS
 from dispatch.record import recorder
 from dispatch.routes.inductor import InductorRoute
+from tests.models import ExpertBetweenOnnx
 
 #: calls until the trial has decided
 TRIAL_LENGTH = ROUTED_FIRST_CALLS + 2 * (WARM_CALLS + TIMED_CALLS)
@@ -138,6 +139,26 @@ def test_a_small_graph_faster_on_onnx_in_place_stays(ort_costs):
     compiled, graphs = _compiled(model)
     (region,) = _regions(graphs)
     assert region.route == "onnxrt" and region.measured[IN_PLACE].endswith("(cached)")
+
+
+@torch.no_grad()
+def test_a_cut_graph_that_does_little_work_is_timed_in_place_without_compiling_inductor(
+    ort_costs, route_compiles
+):
+    # Timed whole on its first call, such a graph (custom op between two 16-wide
+    # layers: tens of µs a call) compiled its ORT regions on inductor, for seconds.
+    ort_costs[:] = [2e-3, 1e-3]
+    model, x = ExpertBetweenOnnx().eval(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model, options={"min_region_size": 1})
+    assert [r.route for r in _regions(graphs)] == ["onnxrt", "eager", "onnxrt"]
+    assert not any(r.measured for r in _regions(graphs)), "timed whole on its first call"
+    _calls(compiled, model, x, TRIAL_LENGTH)
+    routed = [r for r in _regions(graphs) if r.planned_route == "onnxrt"]
+    assert len(routed) == 2
+    assert all(
+        r.route == "eager" and r.measured[IN_PLACE] == "as routed 4.00 ms, as traced 1.00 ms" for r in routed
+    )
+    assert "inductor" not in route_compiles
 
 
 @pytest.mark.parametrize("ort_s, kept", [(0.85e-3, "onnxrt"), (0.95e-3, "eager")])
