@@ -165,14 +165,18 @@ def test_an_op_the_exporter_decomposes_into_untranslatable_ops_is_planned_off_on
     assert [r.route for r in plan.regions] == ["onnxrt", "eager", "onnxrt"]
 
 
-def test_a_region_around_an_untranslatable_decomposition_runs_on_onnxrt_without_falling_back():
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_region_around_an_untranslatable_decomposition_runs_on_onnxrt_without_falling_back(dynamic):
+    # Symbolic sizes too: the decomposition is traced at the sizes Dynamo saw.
     model = _HypotBetweenLayers().eval()
-    x = torch.randn(4, 16)
+    options = {"routes": ["onnxrt", "eager"]}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
-        explanation = dispatch.explain(model, x, options={"routes": ["onnxrt", "eager"]})
-        compiled = torch.compile(model, backend="auto", options={"routes": ["onnxrt", "eager"]})
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        explanation = dispatch.explain(model, torch.randn(4, 16), dynamic=dynamic, options=options)
+        compiled = torch.compile(model, backend="auto", dynamic=dynamic, options=options)
+        for rows in (4, 7, 2):
+            x = torch.randn(rows, 16)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
     assert [r.route for r in explanation.regions] == ["onnxrt", "eager", "onnxrt"]
 
 

@@ -13,7 +13,7 @@ import functools
 import hashlib
 import logging
 import operator
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -126,8 +126,8 @@ def untranslatable_decomposition(node: torch.fx.Node) -> list[str]:
     ("Failed to convert the exported program") and the whole region fell back.
     So the decomposition is traced on the node's own shapes and dtypes, as the
     exporter would run it, once per op and dtypes (kept in the persistent
-    cache). A decomposition that cannot be traced here is left to that
-    first-call check."""
+    cache); a symbolic size is traced at the value Dynamo saw. A decomposition
+    that cannot be traced here is left to that first-call check."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or target.name() in _REWRITTEN_FOR_EXPORT:
         return []
@@ -136,7 +136,7 @@ def untranslatable_decomposition(node: torch.fx.Node) -> list[str]:
         return []
     args = (node.args, node.kwargs)
     values = [tensor_value(a) for a in node.all_input_nodes]
-    if any(v is None or is_symbolic(a) for v, a in zip(values, node.all_input_nodes)):
+    if any(v is None or _hinted(v.shape) is None or _hinted(v.stride()) is None for v in values):
         return []
     dtypes = tuple(str(v.dtype) for v in values if v is not None)
     cache = ArtifactCache(root) if root else None
@@ -181,14 +181,33 @@ def _traced_missing(target: torch._ops.OpOverload, args: tuple[Any, Any]) -> lis
             for arg in tensors:
                 value = tensor_value(arg)
                 assert value is not None
-                inputs.append(
-                    torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
-                )
+                shape, stride = _hinted(value.shape), _hinted(value.stride())
+                assert shape is not None and stride is not None
+                inputs.append(torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device))
             traced = make_fx(call, decomposition_table=table, tracing_mode="fake")(*inputs)
     except Exception:  # the decomposition does not trace on fake tensors: left to the export
         return None
     ops = {n.target for n in traced.graph.nodes if isinstance(n.target, torch._ops.OpOverload)}
     return sorted(str(op) for op in ops if op not in registered)
+
+
+def _hinted(sizes: Sequence[int | torch.SymInt]) -> tuple[int, ...] | None:
+    """``sizes`` with each symbolic size at the value Dynamo traced it with (read
+    without adding a guard); None where a size has no such value."""
+    from torch.fx.experimental import symbolic_shapes
+
+    hint = getattr(symbolic_shapes, "optimization_hint", None)  # torch 2.13; not in 2.11
+    out = []
+    for size in sizes:
+        if isinstance(size, torch.SymInt):
+            if hint is None:
+                return None
+            try:
+                size = hint(size)
+            except Exception:  # an unbacked size: no value to trace with
+                return None
+        out.append(int(size))
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)
