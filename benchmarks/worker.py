@@ -25,6 +25,7 @@ import traceback
 
 import torch
 
+from dispatch.errors import error_line
 from dispatch.record import recorder
 
 from . import columns
@@ -58,10 +59,9 @@ def accuracy_error(out, expected, fp64) -> str | None:
 
 
 def _short(error: BaseException) -> str:
-    lines = [line for line in str(error).splitlines() if line.strip()]
     if os.environ.get("BENCH_TRACEBACK"):
         traceback.print_exception(error, file=sys.stderr)
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+    return error_line(error, 300)
 
 
 def _peak_rss_mb() -> float:

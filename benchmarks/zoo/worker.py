@@ -30,6 +30,7 @@ from contextlib import redirect_stdout
 
 import torch
 
+from dispatch.errors import error_line
 from dispatch.record import recorder
 from dispatch.region import region_table
 
@@ -176,8 +177,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
                 report["first_call_s"] = time.perf_counter() - start
     except Exception as error:  # a failing cell is reported, not dropped
         traceback.print_exc()  # to the cell's log, where run.py keeps one
-        lines = [line for line in str(error).splitlines() if line.strip()]
-        report["error"] = f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+        report["error"] = error_line(error, 300)
     print("ZOO_READY " + json.dumps(report), flush=True)
     if not report.get("ok"):
         return
