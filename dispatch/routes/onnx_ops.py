@@ -103,7 +103,7 @@ def exporter_ops(root: Path | None) -> ExporterOps:
     building torchlib's registry (and importing onnxscript for it) costs
     seconds that a warm start should not pay."""
     cache = ArtifactCache(root) if root else None
-    key = hashlib.sha256(repr((versions(), export_opset(), ExporterOps._fields)).encode()).hexdigest()
+    key = _exporter_key(ExporterOps._fields)
     names = cache.get_json("onnx-ops", key) if cache else None
     if names is None:
         registered = {k if isinstance(k, str) else str(k) for k in onnx_registry().functions}
@@ -113,6 +113,11 @@ def exporter_ops(root: Path | None) -> ExporterOps:
         if cache:
             cache.put_json("onnx-ops", key, names)
     return ExporterOps(*(frozenset(found) for found in names))
+
+
+def _exporter_key(*parts: object) -> str:
+    """A persistent-cache key of what the exporter answers: the versions, the opset, ``parts``."""
+    return hashlib.sha256(repr((versions(), export_opset(), *parts)).encode()).hexdigest()
 
 
 def untranslatable_decomposition(node: torch.fx.Node) -> list[str]:
@@ -134,16 +139,18 @@ def untranslatable_decomposition(node: torch.fx.Node) -> list[str]:
     root = _cache_root()
     if target.name() not in exporter_ops(root).decomposed:
         return []
-    args = (node.args, node.kwargs)
-    values = [tensor_value(a) for a in node.all_input_nodes]
-    if any(v is None or _hinted(v.shape) is None or _hinted(v.stride()) is None for v in values):
-        return []
-    dtypes = tuple(str(v.dtype) for v in values if v is not None)
+    inputs = []
+    for arg in node.all_input_nodes:
+        value = tensor_value(arg)
+        shape, stride = (None, None) if value is None else (_hinted(value.shape), _hinted(value.stride()))
+        if value is None or shape is None or stride is None:
+            return []
+        inputs.append(_FakeInput(shape, stride, value.dtype, value.device))
     cache = ArtifactCache(root) if root else None
-    key = hashlib.sha256(repr((versions(), export_opset(), target.name(), dtypes)).encode()).hexdigest()
+    key = _exporter_key(target.name(), tuple(str(i.dtype) for i in inputs))
     record = cache.get_json("onnx-decomposition", key) if cache else None
     if record is None:
-        missing = _traced_missing(target, args)
+        missing = _traced_missing(node, inputs)
         if missing is None:
             return []
         record = {"missing": missing}
@@ -152,39 +159,31 @@ def untranslatable_decomposition(node: torch.fx.Node) -> list[str]:
     return list(record["missing"])
 
 
-def _traced_missing(target: torch._ops.OpOverload, args: tuple[Any, Any]) -> list[str] | None:
-    """The ops without a torchlib function in ``target``'s decomposition, traced on
-    fake tensors shaped like ``args``' values; None where the trace fails."""
+def _traced_missing(node: torch.fx.Node, inputs: Sequence[_FakeInput]) -> list[str] | None:
+    """The ops without a torchlib function in the decomposition of ``node``'s op,
+    traced on fake tensors made from ``inputs`` (one per ``node.all_input_nodes``);
+    None where the trace fails."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
     registered, table = _decomposition_table()
-    tensors: list[torch.fx.Node] = []
+    target = node.target
+    assert isinstance(target, torch._ops.OpOverload)
+    position = {arg: _Input(i) for i, arg in enumerate(node.all_input_nodes)}
+    positions = torch.utils._pytree.tree_map(
+        lambda a: position[a] if isinstance(a, torch.fx.Node) else a, (node.args, node.kwargs)
+    )
 
-    def placeholder(arg: Any) -> Any:
-        if not isinstance(arg, torch.fx.Node):
-            return arg
-        tensors.append(arg)
-        return _Input(len(tensors) - 1)
-
-    positions = torch.utils._pytree.tree_map(placeholder, args)
-
-    def call(*inputs: torch.Tensor) -> Any:
+    def call(*tensors: torch.Tensor) -> Any:
         call_args, call_kwargs = torch.utils._pytree.tree_map(
-            lambda a: inputs[a.index] if isinstance(a, _Input) else a, positions
+            lambda a: tensors[a.index] if isinstance(a, _Input) else a, positions
         )
         return target(*call_args, **call_kwargs)
 
     try:
         with FakeTensorMode():
-            inputs = []
-            for arg in tensors:
-                value = tensor_value(arg)
-                assert value is not None
-                shape, stride = _hinted(value.shape), _hinted(value.stride())
-                assert shape is not None and stride is not None
-                inputs.append(torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device))
-            traced = make_fx(call, decomposition_table=table, tracing_mode="fake")(*inputs)
+            fakes = [torch.empty_strided(i.shape, i.stride, dtype=i.dtype, device=i.device) for i in inputs]
+            traced = make_fx(call, decomposition_table=table, tracing_mode="fake")(*fakes)
     except Exception:  # the decomposition does not trace on fake tensors: left to the export
         return None
     ops = {n.target for n in traced.graph.nodes if isinstance(n.target, torch._ops.OpOverload)}
@@ -208,6 +207,15 @@ def _hinted(sizes: Sequence[int | torch.SymInt]) -> tuple[int, ...] | None:
                 return None
         out.append(int(size))
     return tuple(out)
+
+
+class _FakeInput(NamedTuple):
+    """What a fake input of a traced decomposition is made from: sizes as traced."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
 
 
 @dataclasses.dataclass(frozen=True)
