@@ -8,9 +8,9 @@ where a call takes tens of milliseconds instead of the zoo's hundreds of
 microseconds. Since 2026-11-26 also audio, segmentation and small decoder
 families (wav2vec2, SegFormer, Gemma, Phi, BLOOM's ALiBi, ...) and the code
 patterns of ``patterns.py`` (recurrent layers, a U-Net, top-k and scatter,
-masked attention, ...), and since its second sweep Qwen3, Gemma 2, ModernBERT,
-Mamba, GPT-BigCode and EVA-02. Same rules: config objects, random weights,
-nothing downloaded.
+masked attention, ...), since its second sweep Qwen3, Gemma 2, ModernBERT,
+Mamba, GPT-BigCode and EVA-02, and the third sweep's 18 (``third_sweep.py``).
+Same rules: config objects, random weights, nothing downloaded.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 
 from .models import _TEXT_FFN, IMAGE, VOCAB, ZOO, ZooModel, _hf, _image, _timm, _tokens
 from .patterns import PATTERNS
+from .third_sweep import THIRD_SWEEP
 
 _VISION = {
     "hidden_size": 128,
@@ -290,6 +291,7 @@ WIDER: dict[str, ZooModel] = {
         ZooModel("timm_repvgg", "timm", _timm("repvgg_a0")),
         ZooModel("timm_inception_v3", "timm", _timm("inception_v3", inputs=partial(_image, size=96))),
         *(ZooModel(name, "pattern", build) for name, build in PATTERNS.items()),
+        *THIRD_SWEEP.values(),
     )
 }
 
