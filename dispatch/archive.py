@@ -277,11 +277,15 @@ def _spec(text: Any, where: str) -> pytree.TreeSpec:
         return pytree.treespec_loads(text)
     except (KeyError, NotImplementedError) as error:
         named = re.search(r"Deserializing (\S+) in pytree", str(error))
-        if named:  # pytree names a type by module and class: its library is the first part
-            kind, library = named.group(1), named.group(1).split(".")[0]
+        if named:
+            # pytree names a type by its module and class. The module itself must be
+            # imported: a library's top level may not import it (transformers defers
+            # ``transformers.modeling_outputs``, whose classes register as defined).
+            kind = named.group(1)
+            module = kind.rpartition(".")[0] or kind
             raise ProgramFileError(
                 f"{where}: the program's inputs or outputs use the type {kind}, which this process has "
-                f"not registered with pytree. Instead: import the library that defines it ({library}) "
+                f"not registered with pytree. Instead: import {module} (the module that defines it) "
                 "before loading"
             ) from error
         raise ProgramFileError(
