@@ -11,11 +11,9 @@ objects, random weights, nothing downloaded.
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 
-from .models import _TEXT_FFN, VOCAB, ZooModel, _hf, _image, _timm, _tokens
+from .models import _TEXT_FFN, IMAGE, VOCAB, ZooModel, _hf, _image, _timm, _tokens
 
 _GPTJ_LIKE = {
     "vocab_size": VOCAB,
@@ -57,8 +55,6 @@ def _protein_tokens() -> tuple[torch.Tensor]:
 def _speech() -> tuple[torch.Tensor]:
     return (torch.randn(2, 8000, generator=torch.Generator().manual_seed(0)),)
 
-
-_64 = partial(_image, size=64)
 
 THIRD_SWEEP: dict[str, ZooModel] = {
     m.name: m
@@ -120,13 +116,13 @@ THIRD_SWEEP: dict[str, ZooModel] = {
                 num_detection_tokens=10,
             ),
         ),
-        ZooModel("timm_resmlp", "timm", _timm("resmlp_12_224", _64, img_size=64)),
+        ZooModel("timm_resmlp", "timm", _timm("resmlp_12_224", img_size=IMAGE)),
         ZooModel("timm_hrnet", "timm", _timm("hrnet_w18_small")),
         ZooModel("timm_edgenext", "timm", _timm("edgenext_xx_small")),
         ZooModel("timm_fastvit", "timm", _timm("fastvit_t8")),
         ZooModel("timm_repvit", "timm", _timm("repvit_m1")),
         ZooModel("timm_hgnetv2", "timm", _timm("hgnetv2_b0")),
         ZooModel("timm_res2net", "timm", _timm("res2net50_14w_8s")),
-        ZooModel("timm_coat", "timm", _timm("coat_lite_tiny", _64, img_size=64)),
+        ZooModel("timm_coat", "timm", _timm("coat_lite_tiny", img_size=IMAGE)),
     )
 }
