@@ -35,6 +35,10 @@ def _image(batch: int = BATCH, size: int = IMAGE) -> tuple[torch.Tensor]:
     return (torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0)),)
 
 
+def _audio(batch: int = BATCH, samples: int = 3200) -> tuple[torch.Tensor]:
+    return (torch.randn(batch, samples, generator=torch.Generator().manual_seed(0)),)
+
+
 def _hf(
     model_cls: str, config_cls: str, inputs: Callable[[], tuple[torch.Tensor, ...]], seq2seq=False, **config
 ):
@@ -64,6 +68,17 @@ class EncoderDecoder(torch.nn.Module):
 _TEXT = {"vocab_size": VOCAB, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
 _TEXT_FFN = {**_TEXT, "intermediate_size": 256, "max_position_embeddings": 128}
 _STAGES = {"hidden_sizes": [32, 64, 128, 256], "depths": [1, 1, 1, 1]}
+_SEQ2SEQ = {
+    "vocab_size": VOCAB,
+    "d_model": 128,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 256,
+    "decoder_ffn_dim": 256,
+    "max_position_embeddings": 128,
+}
 
 
 def _timm(name: str, inputs: Callable[[], tuple[torch.Tensor, ...]] = _image, **kwargs):
@@ -289,20 +304,7 @@ ZOO: dict[str, ZooModel] = {
         ZooModel(
             "hf_bart",
             "transformers",
-            _hf(
-                "BartModel",
-                "BartConfig",
-                _tokens,
-                vocab_size=VOCAB,
-                d_model=128,
-                encoder_layers=2,
-                decoder_layers=2,
-                encoder_attention_heads=4,
-                decoder_attention_heads=4,
-                encoder_ffn_dim=256,
-                decoder_ffn_dim=256,
-                max_position_embeddings=128,
-            ),
+            _hf("BartModel", "BartConfig", _tokens, **_SEQ2SEQ),
         ),
         ZooModel(
             "hf_vit",

@@ -11,9 +11,11 @@ objects, random weights, nothing downloaded.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
-from .models import _TEXT_FFN, IMAGE, VOCAB, ZooModel, _hf, _image, _timm, _tokens
+from .models import _SEQ2SEQ, _TEXT_FFN, IMAGE, VOCAB, ZooModel, _audio, _hf, _image, _timm, _tokens
 
 _GPTJ_LIKE = {
     "vocab_size": VOCAB,
@@ -22,17 +24,6 @@ _GPTJ_LIKE = {
     "n_head": 4,
     "n_positions": 128,
     "rotary_dim": 16,
-}
-_SEQ2SEQ = {
-    "vocab_size": VOCAB,
-    "d_model": 128,
-    "encoder_layers": 2,
-    "decoder_layers": 2,
-    "encoder_attention_heads": 4,
-    "decoder_attention_heads": 4,
-    "encoder_ffn_dim": 256,
-    "decoder_ffn_dim": 256,
-    "max_position_embeddings": 128,
 }
 _SPEECH = {
     "hidden_size": 128,
@@ -50,10 +41,6 @@ _SPEECH = {
 def _protein_tokens() -> tuple[torch.Tensor]:
     """ESM's amino-acid tokens (4 to 29), clear of its padding and special ids."""
     return (torch.randint(4, 30, (2, 64), generator=torch.Generator().manual_seed(0)),)
-
-
-def _speech() -> tuple[torch.Tensor]:
-    return (torch.randn(2, 8000, generator=torch.Generator().manual_seed(0)),)
 
 
 THIRD_SWEEP: dict[str, ZooModel] = {
@@ -99,7 +86,11 @@ THIRD_SWEEP: dict[str, ZooModel] = {
         ),
         ZooModel("hf_codegen", "transformers", _hf("CodeGenModel", "CodeGenConfig", _tokens, **_GPTJ_LIKE)),
         ZooModel("hf_gptj", "transformers", _hf("GPTJModel", "GPTJConfig", _tokens, **_GPTJ_LIKE)),
-        ZooModel("hf_hubert", "transformers", _hf("HubertModel", "HubertConfig", _speech, **_SPEECH)),
+        ZooModel(
+            "hf_hubert",
+            "transformers",
+            _hf("HubertModel", "HubertConfig", partial(_audio, samples=8000), **_SPEECH),
+        ),
         ZooModel(
             "hf_yolos",
             "transformers",

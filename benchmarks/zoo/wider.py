@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from functools import partial
 
-import torch
-
-from .models import _TEXT_FFN, IMAGE, VOCAB, ZOO, ZooModel, _hf, _image, _timm, _tokens
+from .models import _TEXT_FFN, IMAGE, VOCAB, ZOO, ZooModel, _audio, _hf, _image, _timm, _tokens
 from .patterns import PATTERNS
 from .third_sweep import THIRD_SWEEP
 
@@ -41,10 +39,6 @@ _SMALL_VISION = {
     "patch_size": 16,
 }
 _TWO_STAGES = {"hidden_sizes": [16, 32], "depths": [1, 1]}
-
-
-def _audio(batch: int = 2, samples: int = 3200) -> tuple[torch.Tensor]:
-    return (torch.randn(batch, samples, generator=torch.Generator().manual_seed(0)),)
 
 
 _FALCON = {"vocab_size": VOCAB, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
