@@ -136,8 +136,8 @@ def untranslatable_decomposition(node: torch.fx.Node) -> list[str]:
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or target.name() in _REWRITTEN_FOR_EXPORT:
         return []
-    root = _cache_root()
-    if target.name() not in exporter_ops(root).decomposed:
+    cache = current_cache()
+    if target.name() not in exporter_ops(cache.root if cache else None).decomposed:
         return []
     inputs = []
     for arg in node.all_input_nodes:
@@ -146,7 +146,6 @@ def untranslatable_decomposition(node: torch.fx.Node) -> list[str]:
         if value is None or shape is None or stride is None:
             return []
         inputs.append(_FakeInput(shape, stride, value.dtype, value.device))
-    cache = ArtifactCache(root) if root else None
     key = _exporter_key(target.name(), tuple(str(i.dtype) for i in inputs))
     record = cache.get_json("onnx-decomposition", key) if cache else None
     if record is None:
