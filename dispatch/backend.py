@@ -47,7 +47,7 @@ from .planner import availability, plan_graph
 from .record import GraphRecord, recorder
 from .region import Plan, Region, region_table
 from .routes import registry
-from .stitch import COMPILE_LOCK, StitchedGraph, stitch
+from .stitch import COMPILE_LOCK, StitchedGraph, stitch, unsplit_copy
 
 log = logging.getLogger("dispatch")
 
@@ -239,6 +239,9 @@ class _GraphCompiler:
             save_aten_graph(cache, key, self.source)
         return self._finished(gm, direct[0] if identity and direct is not None else wrapped)
 
+    def _may_cut(self) -> bool:
+        return not self.plan_only and self.config.allows("onnxrt") and self.config.allows("inductor")
+
     def _finished(self, gm: torch.fx.GraphModule, program: Callable[..., Any]) -> Callable[..., Any]:
         """What Dynamo calls for an inference graph: ``program``, or the Dynamo graph
         itself where every region is eager, at the cost of a backend that does
@@ -293,6 +296,9 @@ class _GraphCompiler:
                 mark_static_inputs(gm, self.inputs.static, lifted, _mutated_inputs())
         if kind == GRAPH_INFERENCE and static is not None:
             mark_static_inputs(gm, static, 0, _mutated_inputs())
+        # Kept unsplit where inductor may stand in for a graph that ORT regions
+        # and eager work cut (graph_tuning compiles it whole).
+        whole = unsplit_copy(gm) if kind == GRAPH_INFERENCE and self._may_cut() else None
         try:
             graph_plan, split = plan_graph(gm, kind, self.config, self.graph_index, names)
         except DispatchError as error:
@@ -311,7 +317,7 @@ class _GraphCompiler:
             ", ".join(f"{r.name} -> {r.route}" for r in graph_plan.regions) or "no compute ops",
         )
         log.debug("graph %d (%s) regions:\n%s", self.graph_index, kind, region_table(graph_plan.regions))
-        stitched = stitch(split, graph_plan, self.config)
+        stitched = stitch(split, graph_plan, self.config, whole)
         self.stitched.append(stitched)
         recorder.publish(GraphRecord(graph_plan, stitched))
         program: Callable[..., Any] = stitched

@@ -10,12 +10,16 @@ faster wins.
 
 A graph cut by eager work between ONNX Runtime regions (an op no exporter
 knows: a mixture-of-experts layer's grouped matmuls) is timed whole by default,
-without autotune: as routed, all on eager, and with its ORT regions on
-inductor, whose kernels share torch's threads with the eager ops between them.
-Inductor is tried even where ORT beats eager there: in one zoo run of Mixtral, as
-routed ran in 0.75 of eager's time and inductor in 0.60.
-On Mixtral the ORT regions ran 2x slower in place than alone, and the graph
-1.4x slower than inductor's. The decision is cached like the regions' own.
+without autotune: as routed, all on eager, and compiled whole by inductor,
+whose kernels share torch's threads with the eager ops, which it calls from
+its own program as plain inductor does (where inductor fails the whole graph,
+its ORT regions are compiled one by one instead). Inductor is tried even where
+ORT beats eager there: in one zoo run of Mixtral, as routed ran in 0.75 of
+eager's time and inductor in 0.60. On Mixtral the ORT regions ran 2x slower in
+place than alone, and the graph 1.4x slower than inductor's; its ORT regions
+on inductor one by one, cut four times by the grouped matmuls, 1.10x, and the
+whole graph on inductor 1.02x (one process, in turn). The decision is cached
+like the regions' own.
 A cut graph whose ORT regions do under ``TIMED_GRAPH_FLOPS`` is left to the
 in-place trial (``graph_trial``), as an uncut one is: a custom op between two
 64-wide layers (28 µs a call) took 18 s to its first result, inductor's
@@ -33,23 +37,35 @@ ORT's GEMMs ran the layer in 595 µs, eager in 506 and inductor in 518.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from . import autotune
-from .cache import ArtifactCache, region_key
+from .autotune import check_close
+from .cache import ArtifactCache, inductor_cache, region_key, using
 from .config import Config
+from .errors import error_line
 from .planner import availability
 from .region import GraphPlan
 from .routes import CompiledFn, registry
-from .stitch import COMPILE_LOCK, RegionRunner, StitchedGraph, with_region_inputs, with_regions_swapped
+from .stitch import (
+    COMPILE_LOCK,
+    FallbackWarning,
+    RegionRunner,
+    StitchedGraph,
+    with_region_inputs,
+    with_regions_swapped,
+)
 from .work import estimated_flops
 
 AS_ROUTED = "as routed"
 ALL_EAGER = "all eager"
 ON_INDUCTOR = "regions on inductor"  # the regions of routes that cut inductor's graph
+WHOLE_ON_INDUCTOR = "whole graph on inductor"  # the graph before the split, one inductor compile
 WHOLE_GRAPH = "whole graph"  # the key of this measurement in each region's ``measured``
 INDUCTOR_UNTRIED = "inductor untried"  # a decision's note: why inductor was not compiled
 CUTTING_ROUTE = "onnxrt"  # runs on threads of its own: its regions contend with the eager ones
@@ -90,6 +106,8 @@ def whole_graph_check(stitched: StitchedGraph, plan: GraphPlan, config: Config) 
     hold for the others)."""
     several = len(plan.regions) > 1
     cut = several and is_cut(stitched, config)
+    if not cut:
+        stitched.whole = None  # only a cut graph is compiled whole: free the copy
     work = _onnx_work(stitched)
     if (cut and (work is None or work >= TIMED_GRAPH_FLOPS)) or (several and config.autotune):
         return WholeGraphCheck(stitched, config, cut)
@@ -126,6 +144,35 @@ def cutting_regions_on_inductor(
     return compiled, None
 
 
+def whole_graph_on_inductor(
+    stitched: StitchedGraph, args: Sequence[Any], config: Config
+) -> tuple[CompiledFn | None, str | None]:
+    """The graph as it was before the split, compiled by inductor in one piece and
+    checked against torch on ``args``; else None and why.
+
+    Inductor runs the eager regions' ops inside its own program, as plain
+    inductor does (an op it cannot lower becomes a call to torch's kernel), so
+    the fusions across the cuts are kept and no region boundary is paid: on
+    Mixtral, Qwen2-MoE and OLMoE the ORT regions compiled one by one ran the
+    graph 6-10% slower than plain inductor, the whole graph within 2% of it."""
+    whole = stitched.whole
+    if whole is None:
+        return None, "the graph before its split was not kept"
+    try:
+        fn = _compiled_whole(whole, args, config)
+        with _disable_current_modes():
+            check_close(whole(*args), fn(*args))
+    except Exception as error:  # a failing candidate loses; the regions are tried one by one
+        return None, f"not measured: {error_line(error)}"
+    return fn, None
+
+
+def _compiled_whole(whole: torch.fx.GraphModule, args: Sequence[Any], config: Config) -> CompiledFn:
+    cache_dir = config.cache_dir
+    with using(ArtifactCache(cache_dir)), _disable_current_modes(), COMPILE_LOCK, inductor_cache(cache_dir):
+        return registry.get("inductor").compile(whole, args)
+
+
 class WholeGraphCheck:
     """A stitched inference graph, timed whole on its first call.
 
@@ -142,6 +189,7 @@ class WholeGraphCheck:
         self.forward = stitched.forward
         self.runners = stitched.runners
         self.cache = ArtifactCache(config.cache_dir)
+        self.config = config
         self.gm = stitched.gm
         self.autotune = config.autotune
         self.rivals = [ALL_EAGER] if config.allows("eager") else []
@@ -175,7 +223,8 @@ class WholeGraphCheck:
     def _key(self) -> str:
         parts = (region_key(r.gm, tuple(r.chain)) for r in self.runners)
         past = () if self.inductor_past is None else (f"{ON_INDUCTOR} past {self.inductor_past}",)
-        return region_key(self.gm, *parts, *self.rivals, *past)
+        whole = (WHOLE_ON_INDUCTOR,) if ON_INDUCTOR in self.rivals and self.stitched.whole is not None else ()
+        return region_key(self.gm, *parts, *self.rivals, *past, *whole)
 
     def _routed(self) -> bool:
         return any(r.chain[0] != "eager" for r in self.runners)
@@ -195,13 +244,13 @@ class WholeGraphCheck:
                     self.runners, {r.plan.name: r.gm.forward for r in self.runners}, self.forward
                 )
             if ON_INDUCTOR in self.rivals:
-                compiled = self._add_inductor(candidates, region_args)
+                compiled = self._add_inductor(candidates, region_args, args)
             seconds = self._timed(candidates, args)
             untried = None
             if self.inductor_past is not None:
                 share = seconds[AS_ROUTED] / seconds[ALL_EAGER]
                 if share > self.inductor_past:
-                    compiled = self._add_inductor(candidates, region_args)
+                    compiled = self._add_inductor(candidates, region_args, args)
                     if compiled:
                         seconds = self._timed(candidates, args)
                 else:
@@ -221,10 +270,23 @@ class WholeGraphCheck:
             return autotune.median_call_s(candidates, args)
 
     def _add_inductor(
-        self, candidates: dict[str, CompiledFn], region_args: dict[str, Sequence[Any]]
+        self,
+        candidates: dict[str, CompiledFn],
+        region_args: dict[str, Sequence[Any]],
+        args: Sequence[Any] = (),
     ) -> dict[str, CompiledFn]:
-        """Each ORT region compiled by inductor and checked against torch, added to
-        ``candidates`` as one; empty where one fails (the candidate is then not timed)."""
+        """Inductor's candidate, checked against torch, added to ``candidates``: for a
+        cut graph, the graph compiled whole (``whole_graph_on_inductor``), or where
+        that fails, each ORT region compiled by inductor; empty where that fails too
+        (the candidate is then not timed)."""
+        if ON_INDUCTOR in self.rivals:
+            whole, why_not = whole_graph_on_inductor(self.stitched, args, self.config)
+            if whole is not None:
+                candidates[WHOLE_ON_INDUCTOR] = whole
+                return {WHOLE_ON_INDUCTOR: whole}
+            for runner in self.runners:
+                if runner.chain[0] == CUTTING_ROUTE:
+                    runner.run.measured[WHOLE_ON_INDUCTOR] = str(why_not)
         compiled, failed = cutting_regions_on_inductor(self.runners, region_args)
         if failed is not None:
             return {}
@@ -233,16 +295,56 @@ class WholeGraphCheck:
         return compiled
 
     def _apply(self, decision: dict[str, Any], compiled: dict[str, CompiledFn]) -> None:
-        line = ", ".join(
-            f"{name} {decision[name]}" for name in (AS_ROUTED, ALL_EAGER, ON_INDUCTOR) if name in decision
-        )
+        names = (AS_ROUTED, ALL_EAGER, WHOLE_ON_INDUCTOR, ON_INDUCTOR)
+        line = ", ".join(f"{name} {decision[name]}" for name in names if name in decision)
         winner = decision["winner"]
         note = f"; {decision[INDUCTOR_UNTRIED]}" if INDUCTOR_UNTRIED in decision else ""
         for runner in self.runners:
             runner.run.measured[WHOLE_GRAPH] = line + note
         reason = f"slower as a whole graph by measurement: {line}"
+        if winner == WHOLE_ON_INDUCTOR:
+            self._run_whole_on_inductor(compiled.get(WHOLE_ON_INDUCTOR), line)
+            return
+        self.stitched.whole = None
         for runner in self.runners:
             if winner == ALL_EAGER and runner.chain[0] != "eager":
                 runner.run_eager(reason)
             elif winner == ON_INDUCTOR and runner.chain[0] == CUTTING_ROUTE:
                 runner.run_on("inductor", reason, compiled.get(runner.plan.name))
+
+    def _run_whole_on_inductor(self, fn: CompiledFn | None, line: str) -> None:
+        """Run the graph as inductor compiled it whole (``fn``; None: compile it on
+        the next call, from inductor's cache on a warm start). Every region shows
+        inductor: its ops ran inside that program."""
+        reason = f"compiled whole by inductor with the graph around it, by measurement: {line}"
+        for runner in self.runners:
+            # Not called while the whole graph runs; a region called alone compiles on inductor.
+            runner.run_on("inductor", reason)
+        self.forward = fn if fn is not None else self._whole_on_first_call()
+
+    def _whole_on_first_call(self) -> CompiledFn:
+        """Compiles the whole graph on its first call; where inductor fails it, warns
+        once and runs the regions, each then compiled by inductor on its own."""
+
+        lock = threading.Lock()  # not self._lock: the first call may come while it is held
+
+        def first(*args: Any) -> Any:
+            with lock:
+                if self.forward is first:
+                    self.forward = self._compiled_whole(args)
+            return self.forward(*args)
+
+        return first
+
+    def _compiled_whole(self, args: Sequence[Any]) -> CompiledFn:
+        try:
+            assert self.stitched.whole is not None, "a cached whole-graph decision without the graph"
+            return _compiled_whole(self.stitched.whole, args, self.config)
+        except Exception as error:
+            warnings.warn(
+                f"dispatch: inductor failed to compile graph {self.runners[0].plan.graph} whole: "
+                f"{error_line(error, 300)}; its regions now run on 'inductor' one by one",
+                FallbackWarning,
+                stacklevel=3,
+            )
+            return self.stitched.forward

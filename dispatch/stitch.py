@@ -11,6 +11,7 @@ owns the graph and its runners.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import warnings
@@ -99,14 +100,22 @@ class StitchedGraph:
     """A split graph whose region submodules run through ``RegionRunner``s.
 
     Calling it runs the graph's own forward (not ``nn.Module.__call__``, which
-    would add its hooks' cost to every call)."""
+    would add its hooks' cost to every call). ``whole``: the graph as it was
+    before it was split, where a route may compile it in one piece
+    (``graph_tuning``: inductor in place of a graph cut among routes)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, runners: list[RegionRunner]) -> None:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        runners: list[RegionRunner],
+        whole: torch.fx.GraphModule | None = None,
+    ) -> None:
         if isinstance(gm, _LazyGraphModule) and gm._needs_recompile():
             gm.real_recompile()
         self.gm = gm
         self.runners = runners
         self.forward = type(gm).forward.__get__(gm)
+        self.whole = whole
 
     def __call__(self, *args: Any) -> Any:
         return self.forward(*args)
@@ -162,8 +171,17 @@ def with_regions_swapped(
     return run
 
 
-def stitch(gm: torch.fx.GraphModule, plan: GraphPlan, config: Config) -> StitchedGraph:
-    """Replace every region submodule of ``gm`` by a runner for it.
+def unsplit_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm``'s graph, to keep as it is while ``gm`` is split in place;
+    its attributes (constants) are shared, not copied."""
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+
+def stitch(
+    gm: torch.fx.GraphModule, plan: GraphPlan, config: Config, whole: torch.fx.GraphModule | None = None
+) -> StitchedGraph:
+    """Replace every region submodule of ``gm`` by a runner for it (``whole``:
+    the graph before the split, kept on the ``StitchedGraph``).
 
     A runner is a plain attribute, not a submodule: the generated code calls
     ``self.<region>(...)`` either way, and ``nn.Module.__call__`` would add
@@ -175,7 +193,7 @@ def stitch(gm: torch.fx.GraphModule, plan: GraphPlan, config: Config) -> Stitche
         delattr(gm, region.name)
         runners.append(RegionRunner(sub, region, config))
         setattr(gm, region.name, runners[-1])
-    return StitchedGraph(gm, runners)
+    return StitchedGraph(gm, runners, whole)
 
 
 class RegionRunner:

@@ -34,8 +34,8 @@ def planned(monkeypatch):
         seen["traces"] += 1
         return trace(*args, **kwargs)
 
-    def stitching(split, plan, config):
-        stitched = stitch(split, plan, config)
+    def stitching(split, plan, config, whole=None):
+        stitched = stitch(split, plan, config, whole)
         seen["stitched"].append((stitched.gm.code, [r.gm.code for r in stitched.runners]))
         return stitched
 

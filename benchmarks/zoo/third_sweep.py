@@ -2,7 +2,8 @@
 
 Families the zoo and its wider set did not hold yet: rotary and convolutional
 text encoders (RoFormer, SqueezeBERT, ESM), more decoders (OLMo, StarCoder2,
-CodeGen and GPT-J's interleaved rotary), a multilingual encoder-decoder
+CodeGen and GPT-J's interleaved rotary; OLMoE's and Qwen2-MoE's mixtures of
+experts, added later), a multilingual encoder-decoder
 (mBART), HuBERT, a detection transformer (YOLOS) and timm's newer CNNs and
 hybrids. Auto passed every one, within the dashboard's accuracy rule and
 without a fallback (``benchmarks/README.md``). Same rules as the zoo: config
@@ -79,6 +80,34 @@ THIRD_SWEEP: dict[str, ZooModel] = {
             _hf("MBartModel", "MBartConfig", lambda: _tokens(0), seq2seq=True, **_SEQ2SEQ),
         ),
         ZooModel("hf_olmo", "transformers", _hf("OlmoModel", "OlmoConfig", _tokens, **_TEXT_FFN)),
+        ZooModel(
+            "hf_olmoe",  # mixture of experts: 8 experts, top 2
+            "transformers",
+            _hf(
+                "OlmoeModel",
+                "OlmoeConfig",
+                _tokens,
+                **_TEXT_FFN,
+                num_key_value_heads=2,
+                num_experts=8,
+                num_experts_per_tok=2,
+            ),
+        ),
+        ZooModel(
+            "hf_qwen2_moe",  # mixture of experts with a gated shared expert
+            "transformers",
+            _hf(
+                "Qwen2MoeModel",
+                "Qwen2MoeConfig",
+                _tokens,
+                **_TEXT_FFN,
+                num_key_value_heads=2,
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=128,
+                shared_expert_intermediate_size=256,
+            ),
+        ),
         ZooModel(
             "hf_starcoder2",
             "transformers",
