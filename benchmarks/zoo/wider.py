@@ -9,7 +9,8 @@ microseconds. Since 2026-11-26 also audio, segmentation and small decoder
 families (wav2vec2, SegFormer, Gemma, Phi, BLOOM's ALiBi, ...) and the code
 patterns of ``patterns.py`` (recurrent layers, a U-Net, top-k and scatter,
 masked attention, ...), since its second sweep Qwen3, Gemma 2, ModernBERT,
-Mamba, GPT-BigCode and EVA-02, and the third sweep's 18 (``third_sweep.py``).
+Mamba, GPT-BigCode and EVA-02, and the third sweep's 18 and two mixtures of
+experts, OLMoE and Qwen2-MoE (``third_sweep.py``).
 Same rules: config objects, random weights, nothing downloaded.
 """
 
