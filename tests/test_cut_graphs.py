@@ -9,6 +9,7 @@ import torch
 import dispatch
 from dispatch.record import recorder
 from dispatch.routes import registry
+from dispatch.stitch import FallbackWarning
 from tests.models import ExpertBetweenOnnx
 
 OPTIONS = {"min_region_size": 1}
@@ -176,3 +177,26 @@ def test_the_unsplit_graph_is_kept_only_while_inductor_may_compile_it_whole(time
     assert uncut.whole is None, "a graph nothing cuts kept a copy of itself"
     assert cut.whole is None, "a cut graph that stays routed kept a copy of itself"
     assert [r.route for r in cut.outcome()] == ["onnxrt", "eager", "onnxrt"]
+
+
+@pytest.mark.parametrize("timed", [{WHOLE: 1.0}], indirect=True)
+@torch.no_grad()
+def test_a_warm_start_whose_whole_graph_fails_runs_its_regions_and_says_so_once(timed, monkeypatch):
+    model = ExpertBetweenOnnx(WIDE).eval()
+    _explained(model)  # the cold start: the whole graph on inductor won, and the decision is cached
+    route = type(registry.get("inductor"))
+    one_by_one = route.compile
+
+    def refuse_the_expert(self, gm, args):
+        if any(n.op == "call_function" and "matmul_outside_onnx" in str(n.target) for n in gm.graph.nodes):
+            raise RuntimeError("inductor cannot take the expert")
+        return one_by_one(self, gm, args)
+
+    monkeypatch.setattr(route, "compile", refuse_the_expert)
+    compiled = torch.compile(model, backend="auto", options=OPTIONS)
+    with pytest.warns(FallbackWarning) as warned, recorder.recording() as records:
+        for _ in range(3):
+            torch.testing.assert_close(compiled(*INPUT), model(*INPUT), **CLOSE)
+    whole = [w for w in warned if "whole" in str(w.message)]
+    assert len(whole) == 1 and "inductor cannot take the expert" in str(whole[0].message)
+    assert [r.route for r in records[0].regions] == ["inductor", "eager", "inductor"]
