@@ -106,10 +106,11 @@ def whole_graph_check(stitched: StitchedGraph, plan: GraphPlan, config: Config) 
     hold for the others)."""
     several = len(plan.regions) > 1
     cut = several and is_cut(stitched, config)
-    if not cut:
-        stitched.whole = None  # only a cut graph is compiled whole: free the copy
     work = _onnx_work(stitched)
-    if (cut and (work is None or work >= TIMED_GRAPH_FLOPS)) or (several and config.autotune):
+    timed_cut = cut and (work is None or work >= TIMED_GRAPH_FLOPS or config.autotune)
+    if not timed_cut:
+        stitched.whole = None  # only a cut graph timed here is compiled whole: free the copy
+    if timed_cut or (several and config.autotune):
         return WholeGraphCheck(stitched, config, cut)
     if config.autotune or config.forced or not config.allows("eager") or plan.devices != {"cpu"}:
         return None

@@ -172,9 +172,11 @@ def test_a_dynamic_cut_graph_on_inductor_matches_eager_at_other_sizes(timed):
 def test_the_unsplit_graph_is_kept_only_while_inductor_may_compile_it_whole(timed):
     with recorder.recording() as records:
         torch.compile(ViewBesideOnnx().eval(), backend="auto", options=OPTIONS)(torch.randn(8, 16))
+        torch.compile(ExpertBetweenOnnx(16).eval(), backend="auto", options=OPTIONS)(torch.randn(4, 16))
         torch.compile(ExpertBetweenOnnx(WIDE).eval(), backend="auto", options=OPTIONS)(*INPUT)
-    uncut, cut = (record.stitched for record in records)
+    uncut, small, cut = (record.stitched for record in records)
     assert uncut.whole is None, "a graph nothing cuts kept a copy of itself"
+    assert small.whole is None, "a cut graph left to the in-place trial kept a copy of itself"
     assert cut.whole is None, "a cut graph that stays routed kept a copy of itself"
     assert [r.route for r in cut.outcome()] == ["onnxrt", "eager", "onnxrt"]
 
