@@ -34,10 +34,12 @@ call on the faster side, with ORT not far ahead of the traced graph
 (``INDUCTOR_PAST_ROUTED_SHARE``), is bound by its count of ops, not its work: a
 recurrence unrolled into hundreds of small ops (transformers' Mamba without its
 CUDA kernels: 23 MFLOPs, 8.3 ms a call as traced and 6.3 on ORT, 4.3 under
-plain inductor, which fuses them). There the trial goes on: its ORT regions are
-compiled by inductor on the next call's inputs (seconds, on that call) and
-timed in turn against the faster side, and they move to inductor where it took
-under ``ROUTED_MARGIN`` of that side's time.
+plain inductor, which fuses them). There the trial goes on: the graph is
+compiled whole by inductor on the next call's inputs (seconds, on that call;
+its ORT regions one by one where the whole graph fails, as in
+``graph_tuning``) and timed in turn against the faster side, and it moves to
+inductor where that took under ``ROUTED_MARGIN`` of the traced graph's time,
+or less than the routed program's (``INDUCTOR_OVER_ROUTED_MARGIN``).
 
 ORT and torch may round a value differently in its last bit, and Dynamo
 guards the code after an ``.item()`` graph break on the exact value read: a
@@ -57,7 +59,15 @@ from typing import Any
 from . import autotune
 from .cache import ArtifactCache, region_key
 from .config import Config
-from .graph_tuning import AS_ROUTED, CUTTING_ROUTE, ON_INDUCTOR, cutting_regions_on_inductor
+from .graph_tuning import (
+    AS_ROUTED,
+    CUTTING_ROUTE,
+    ON_INDUCTOR,
+    WHOLE_ON_INDUCTOR,
+    cutting_regions_on_inductor,
+    run_whole_on_inductor,
+    whole_graph_on_inductor,
+)
 from .planner import availability
 from .region import GraphPlan
 from .routes import CompiledFn, registry
@@ -86,6 +96,12 @@ INDUCTOR_TRIAL_S = 1e-3
 # and plain inductor ran it in 760 µs against auto's 488 settled; Mamba's graph
 # measured 0.74-0.97.
 INDUCTOR_PAST_ROUTED_SHARE = 0.5
+# Inductor, once compiled, replaces a routed leader where it is faster at all: its
+# kernels run on torch's threads, while ORT's cost to the code after its call (the
+# pool it woke) is not in the routed side's time. With ROUTED_MARGIN there, Mixtral
+# at 1x16 tokens kept ORT (whole graph on inductor 638 µs in the trial) and ran in
+# 761 µs against plain inductor's 672.
+INDUCTOR_OVER_ROUTED_MARGIN = 1.0
 _KIND = "in-place-trial"
 
 
@@ -101,11 +117,24 @@ def in_place_trial(
     ``routed``, or an ``InPlaceTrial`` of it against ``traced`` where the graph
     qualifies (module docstring; ``timed_whole``: graph_tuning times it already).
     A cached decision is applied at once."""
-    if timed_whole or not _qualifies(plans, config):
+    if timed_whole:
+        return routed  # graph_tuning's check owns the unsplit graph
+    if not _qualifies(plans, config):
+        _free_unsplit(stitched)
         return routed
     inductor = config.allows("inductor") and availability(registry.get("inductor")).ok
-    trial = InPlaceTrial(routed, traced, stitched, ArtifactCache(config.cache_dir), inductor=inductor)
+    trial = InPlaceTrial(
+        routed, traced, stitched, ArtifactCache(config.cache_dir), inductor=inductor, config=config
+    )
+    if not trial.inductor:
+        _free_unsplit(stitched)
     return trial.settled() or trial
+
+
+def _free_unsplit(stitched: Sequence[StitchedGraph]) -> None:
+    """Drop the copies of the graphs before their split: nothing compiles them whole."""
+    for graph in stitched:
+        graph.whole = None
 
 
 def _qualifies(plans: Sequence[GraphPlan], config: Config) -> bool:
@@ -128,8 +157,10 @@ class InPlaceTrial:
         cache: ArtifactCache,
         clock: Callable[[], float] | None = None,
         inductor: bool = False,
+        config: Config | None = None,
     ) -> None:
         self.sides = {AS_ROUTED: routed, AS_TRACED: traced}
+        self.config = config or Config()
         self.stitched = list(stitched)
         self.runners = [r for s in stitched for r in s.runners]
         #: inductor may stand in for the ORT regions, where the graph is slow for its work
@@ -147,14 +178,16 @@ class InPlaceTrial:
         self.timing = [AS_TRACED, AS_ROUTED]  # the sides timed in turn, first on a tie
         self.first_round: dict[str, float] = {}  # the medians of routed against traced
         self.leader: str | None = None  # the faster of those two, once timed
-        self.on_inductor: dict[str, CompiledFn] | None = None  # its ORT regions, once compiled
+        self.on_inductor: dict[str, CompiledFn] | CompiledFn | None = None  # once compiled
+        #: the graph compiled whole by inductor, where it was (the inductor side then runs it)
+        self.whole: CompiledFn | None = None
         self.chosen: Callable[..., Any] | None = None
         self._lock = threading.Lock()
 
     def settled(self) -> Callable[..., Any] | None:
         """The winner, where the decision is cached (a warm start), else None."""
         decision = self.cache.get_json(_KIND, self.key)
-        winners = (*self.sides, ON_INDUCTOR) if self.inductor else tuple(self.sides)
+        winners = (*self.sides, ON_INDUCTOR, WHOLE_ON_INDUCTOR) if self.inductor else tuple(self.sides)
         if decision is None or decision.get("winner") not in winners:
             return None
         self._apply(decision, cached=True)
@@ -208,14 +241,16 @@ class InPlaceTrial:
             self._finish(self.leader)
             return
         on_inductor = autotune.format_seconds(seconds[ON_INDUCTOR])
-        faster = seconds[ON_INDUCTOR] < ROUTED_MARGIN * seconds[self.leader]
+        margin = INDUCTOR_OVER_ROUTED_MARGIN if self.leader == AS_ROUTED else ROUTED_MARGIN
+        faster = seconds[ON_INDUCTOR] < margin * seconds[self.leader]
         self._finish(ON_INDUCTOR if faster else self.leader, on_inductor)
 
     def _finish(self, winner: str, on_inductor: str | None = None) -> None:
         decision: dict[str, Any] = {side: autotune.format_seconds(s) for side, s in self.first_round.items()}
+        label = WHOLE_ON_INDUCTOR if self.whole is not None else ON_INDUCTOR
         if on_inductor is not None:
-            decision[ON_INDUCTOR] = on_inductor
-        decision["winner"] = winner
+            decision[label] = on_inductor
+        decision["winner"] = label if winner == ON_INDUCTOR else winner
         self.cache.put_json(_KIND, self.key, decision)
         self._apply(decision, cached=False)
 
@@ -223,7 +258,17 @@ class InPlaceTrial:
         """This call, run as routed, untimed: its ORT regions' inputs are what
         inductor compiles them for. Where inductor fails a region (or computes
         it differently from torch) the leader wins, and the reason is kept."""
-        out, region_args = with_region_inputs(self.stitched, lambda: self.sides[AS_ROUTED](*args))
+        out, region_args, graph_args = self._routed_recording_inputs(args)
+        if graph_args is not None:
+            (stitched,) = self.stitched
+            whole, why_not = whole_graph_on_inductor(stitched, graph_args, self.config)
+            if whole is not None:
+                self.whole = self.on_inductor = whole
+                self.sides[ON_INDUCTOR] = _with_forward(stitched, whole, self.sides[AS_ROUTED])
+                return out
+            for runner in self.runners:
+                if runner.chain[0] == CUTTING_ROUTE:
+                    runner.run.measured[WHOLE_ON_INDUCTOR] = str(why_not)
         compiled, failed = cutting_regions_on_inductor(self.runners, region_args)
         if failed is not None:
             reason = failed.run.measured.get("inductor", "the region did not run")
@@ -235,13 +280,48 @@ class InPlaceTrial:
         self.sides[ON_INDUCTOR] = with_regions_swapped(self.runners, compiled, self.sides[AS_ROUTED])
         return out
 
+    def _routed_recording_inputs(
+        self, args: Sequence[Any]
+    ) -> tuple[Any, dict[str, Sequence[Any]], Sequence[Any] | None]:
+        """This call, run as routed, with the inputs of each region (by name) and,
+        where the graph was kept unsplit, the inputs of the graph itself."""
+        kept = [graph for graph in self.stitched if graph.whole is not None]
+        if len(self.stitched) != 1 or not kept:
+            out, region_args = with_region_inputs(self.stitched, lambda: self.sides[AS_ROUTED](*args))
+            return out, region_args, None
+        (stitched,) = kept
+        seen: list[Sequence[Any]] = []
+        split = stitched.forward
+
+        def recording(*graph_args: Any) -> Any:
+            seen.append(graph_args)
+            return split(*graph_args)
+
+        stitched.forward = recording
+        try:
+            out, region_args = with_region_inputs(self.stitched, lambda: self.sides[AS_ROUTED](*args))
+        finally:
+            stitched.forward = split
+        return out, region_args, seen[0] if seen else None
+
     def _apply(self, decision: dict[str, Any], cached: bool) -> None:
-        line = ", ".join(
-            f"{side} {decision[side]}" for side in (AS_ROUTED, AS_TRACED, ON_INDUCTOR) if side in decision
-        )
+        sides = (AS_ROUTED, AS_TRACED, WHOLE_ON_INDUCTOR, ON_INDUCTOR)
+        line = ", ".join(f"{side} {decision[side]}" for side in sides if side in decision)
         line += " (cached)" if cached else ""
         winner = decision["winner"]
-        compiled = self.on_inductor or {}
+        if winner == WHOLE_ON_INDUCTOR:
+            for runner in self.runners:
+                runner.run.measured[IN_PLACE] = line
+            reason = f"compiled whole by inductor, faster in place by measurement: {line}"
+            whole = self.whole if not cached else None
+            run_whole_on_inductor(self.stitched[0], whole, reason, self.config)
+            log.info("graph in-place trial: %s won (%s)", winner, line)
+            self.chosen = self.sides[AS_ROUTED]
+            self.sides = {winner: self.chosen}
+            self.on_inductor = self.whole = None
+            return
+        _free_unsplit(self.stitched)
+        compiled = self.on_inductor if isinstance(self.on_inductor, dict) else {}
         for runner in self.runners:
             runner.run.measured[IN_PLACE] = line
             if winner == AS_TRACED and runner.chain[0] != "eager":
@@ -253,7 +333,7 @@ class InPlaceTrial:
         log.info("graph in-place trial: %s won (%s)", winner, line)
         self.chosen = self.sides[AS_ROUTED if winner == ON_INDUCTOR else winner]
         self.sides = {winner: self.chosen}  # the loser's memory goes with it
-        self.on_inductor = None
+        self.on_inductor = self.whole = None
 
 
 class TrialSlot:
@@ -295,3 +375,16 @@ class TrialSlot:
 
 
 TRIAL_SLOT = TrialSlot()
+
+
+def _with_forward(stitched: StitchedGraph, fn: CompiledFn, call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call`` with ``stitched`` run by ``fn`` (its graph compiled whole), for that call only."""
+
+    def run(*args: Any) -> Any:
+        split, stitched.forward = stitched.forward, fn
+        try:
+            return call(*args)
+        finally:
+            stitched.forward = split
+
+    return run

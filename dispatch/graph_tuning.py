@@ -107,10 +107,9 @@ def whole_graph_check(stitched: StitchedGraph, plan: GraphPlan, config: Config) 
     several = len(plan.regions) > 1
     cut = several and is_cut(stitched, config)
     work = _onnx_work(stitched)
-    timed_cut = cut and (work is None or work >= TIMED_GRAPH_FLOPS or config.autotune)
-    if not timed_cut:
-        stitched.whole = None  # only a cut graph timed here is compiled whole: free the copy
-    if timed_cut or (several and config.autotune):
+    if not cut:
+        stitched.whole = None  # only a cut graph is compiled whole: free the copy
+    if (cut and (work is None or work >= TIMED_GRAPH_FLOPS)) or (several and config.autotune):
         return WholeGraphCheck(stitched, config, cut)
     if config.autotune or config.forced or not config.allows("eager") or plan.devices != {"cpu"}:
         return None
@@ -314,38 +313,45 @@ class WholeGraphCheck:
                 runner.run_on("inductor", reason, compiled.get(runner.plan.name))
 
     def _run_whole_on_inductor(self, fn: CompiledFn | None, line: str) -> None:
-        """Run the graph as inductor compiled it whole (``fn``; None: compile it on
-        the next call, from inductor's cache on a warm start). Every region shows
-        inductor: its ops ran inside that program."""
         reason = f"compiled whole by inductor with the graph around it, by measurement: {line}"
-        for runner in self.runners:
-            # Not called while the whole graph runs; a region called alone compiles on inductor.
-            runner.run_on("inductor", reason)
-        self.forward = fn if fn is not None else self._whole_on_first_call()
+        run_whole_on_inductor(self.stitched, fn, reason, self.config)
+        self.forward = self.stitched.__call__
 
-    def _whole_on_first_call(self) -> CompiledFn:
-        """Compiles the whole graph on its first call; where inductor fails it, warns
-        once and runs the regions, each then compiled by inductor on its own."""
 
-        lock = threading.Lock()  # not self._lock: the first call may come while it is held
+def run_whole_on_inductor(
+    stitched: StitchedGraph, fn: CompiledFn | None, reason: str, config: Config
+) -> None:
+    """Run ``stitched`` as inductor compiled it whole: ``fn``, or where None (a
+    warm start: inductor's cache serves it), the graph compiled on its next call.
+    Where inductor fails it then, one warning, and the split graph runs, each
+    region compiled by inductor on its own. Every region shows inductor: its ops
+    run inside that program."""
+    for runner in stitched.runners:
+        # Not called while the whole graph runs; a region called alone compiles on inductor.
+        runner.run_on("inductor", reason)
+    if fn is not None:
+        stitched.forward = fn
+        return
+    lock = threading.Lock()
 
-        def first(*args: Any) -> Any:
-            with lock:
-                if self.forward is first:
-                    self.forward = self._compiled_whole(args)
-            return self.forward(*args)
+    def first(*args: Any) -> Any:
+        with lock:
+            if stitched.forward is first:
+                stitched.forward = _whole_or_split(stitched, args, config)
+        return stitched.forward(*args)
 
-        return first
+    stitched.forward = first
 
-    def _compiled_whole(self, args: Sequence[Any]) -> CompiledFn:
-        try:
-            assert self.stitched.whole is not None, "a cached whole-graph decision without the graph"
-            return _compiled_whole(self.stitched.whole, args, self.config)
-        except Exception as error:
-            warnings.warn(
-                f"dispatch: inductor failed to compile graph {self.runners[0].plan.graph} whole: "
-                f"{error_line(error, 300)}; its regions now run on 'inductor' one by one",
-                FallbackWarning,
-                stacklevel=3,
-            )
-            return self.stitched.forward
+
+def _whole_or_split(stitched: StitchedGraph, args: Sequence[Any], config: Config) -> CompiledFn:
+    try:
+        assert stitched.whole is not None, "a cached whole-graph decision without the graph"
+        return _compiled_whole(stitched.whole, args, config)
+    except Exception as error:
+        warnings.warn(
+            f"dispatch: inductor failed to compile graph {stitched.runners[0].plan.graph} whole: "
+            f"{error_line(error, 300)}; its regions now run on 'inductor' one by one",
+            FallbackWarning,
+            stacklevel=4,
+        )
+        return stitched.split_forward

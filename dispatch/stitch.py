@@ -114,7 +114,9 @@ class StitchedGraph:
             gm.real_recompile()
         self.gm = gm
         self.runners = runners
-        self.forward = type(gm).forward.__get__(gm)
+        #: the split graph's own forward, which calls the region runners
+        self.split_forward = type(gm).forward.__get__(gm)
+        self.forward = self.split_forward  # what a call runs: the whole graph once compiled so
         self.whole = whole
 
     def __call__(self, *args: Any) -> Any:

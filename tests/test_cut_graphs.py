@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import dispatch
+from dispatch.graph_trial import IN_PLACE
 from dispatch.record import recorder
 from dispatch.routes import registry
 from dispatch.stitch import FallbackWarning
@@ -170,14 +171,22 @@ def test_a_dynamic_cut_graph_on_inductor_matches_eager_at_other_sizes(timed):
 @pytest.mark.parametrize("timed", [{"as routed": 1.0}], indirect=True)
 @torch.no_grad()
 def test_the_unsplit_graph_is_kept_only_while_inductor_may_compile_it_whole(timed):
+    small_model, small_input = ExpertBetweenOnnx(16).eval(), torch.randn(4, 16)
     with recorder.recording() as records:
         torch.compile(ViewBesideOnnx().eval(), backend="auto", options=OPTIONS)(torch.randn(8, 16))
-        torch.compile(ExpertBetweenOnnx(16).eval(), backend="auto", options=OPTIONS)(torch.randn(4, 16))
+        small_compiled = torch.compile(small_model, backend="auto", options=OPTIONS)
+        small_compiled(small_input)
         torch.compile(ExpertBetweenOnnx(WIDE).eval(), backend="auto", options=OPTIONS)(*INPUT)
     uncut, small, cut = (record.stitched for record in records)
     assert uncut.whole is None, "a graph nothing cuts kept a copy of itself"
-    assert small.whole is None, "a cut graph left to the in-place trial kept a copy of itself"
     assert cut.whole is None, "a cut graph that stays routed kept a copy of itself"
+    assert small.whole is not None, "the in-place trial lost the graph it may compile whole"
+    for _ in range(400):  # a graph of µs: its trial never tries inductor
+        small_compiled(small_input)
+        if IN_PLACE in small.runners[0].run.measured:
+            break
+    assert IN_PLACE in small.runners[0].run.measured, "the in-place trial did not decide"
+    assert small.whole is None, "a cut graph whose trial kept it routed kept a copy of itself"
     assert [r.route for r in cut.outcome()] == ["onnxrt", "eager", "onnxrt"]
 
 
