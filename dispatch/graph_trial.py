@@ -255,9 +255,10 @@ class InPlaceTrial:
         self._apply(decision, cached=False)
 
     def _compile_on_inductor(self, args: Sequence[Any]) -> Any:
-        """This call, run as routed, untimed: its ORT regions' inputs are what
-        inductor compiles them for. Where inductor fails a region (or computes
-        it differently from torch) the leader wins, and the reason is kept."""
+        """This call, run as routed, untimed: its inputs are what inductor compiles
+        the graph whole for (or, where that fails, each ORT region, for the region's
+        inputs). Where inductor fails a region too (or computes it differently
+        from torch) the leader wins, and the reason is kept."""
         out, region_args, graph_args = self._routed_recording_inputs(args)
         if graph_args is not None:
             (stitched,) = self.stitched
