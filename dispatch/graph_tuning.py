@@ -330,7 +330,7 @@ def run_whole_on_inductor(
         # Not called while the whole graph runs; a region called alone compiles on inductor.
         runner.run_on("inductor", reason)
     if fn is not None:
-        stitched.forward = fn
+        stitched.forward, stitched.whole = fn, None  # compiled: the copy has served
         return
     lock = threading.Lock()
 
@@ -346,7 +346,7 @@ def run_whole_on_inductor(
 def _whole_or_split(stitched: StitchedGraph, args: Sequence[Any], config: Config) -> CompiledFn:
     try:
         assert stitched.whole is not None, "a cached whole-graph decision without the graph"
-        return _compiled_whole(stitched.whole, args, config)
+        fn = _compiled_whole(stitched.whole, args, config)
     except Exception as error:
         warnings.warn(
             f"dispatch: inductor failed to compile graph {stitched.runners[0].plan.graph} whole: "
@@ -355,3 +355,5 @@ def _whole_or_split(stitched: StitchedGraph, args: Sequence[Any], config: Config
             stacklevel=4,
         )
         return stitched.split_forward
+    stitched.whole = None  # compiled: the copy has served
+    return fn
