@@ -73,7 +73,7 @@ from .region import GraphPlan
 from .routes import CompiledFn, registry
 from .routes.onnx_threads import TRIAL_CALLS as THREAD_TRIAL_CALLS
 from .routes.onnx_threads import WARM_CALLS as THREAD_WARM_CALLS
-from .stitch import StitchedGraph, with_region_inputs, with_regions_swapped
+from .stitch import StitchedGraph, with_forward_swapped, with_region_inputs, with_regions_swapped
 
 log = logging.getLogger("dispatch")
 
@@ -265,7 +265,7 @@ class InPlaceTrial:
             whole, why_not = whole_graph_on_inductor(stitched, graph_args, self.config)
             if whole is not None:
                 self.whole = self.on_inductor = whole
-                self.sides[ON_INDUCTOR] = _with_forward(stitched, whole, self.sides[AS_ROUTED])
+                self.sides[ON_INDUCTOR] = with_forward_swapped(stitched, whole, self.sides[AS_ROUTED])
                 return out
             for runner in self.runners:
                 if runner.chain[0] == CUTTING_ROUTE:
@@ -292,17 +292,13 @@ class InPlaceTrial:
             return out, region_args, None
         (stitched,) = kept
         seen: list[Sequence[Any]] = []
-        split = stitched.forward
 
         def recording(*graph_args: Any) -> Any:
             seen.append(graph_args)
-            return split(*graph_args)
+            return stitched.split_forward(*graph_args)
 
-        stitched.forward = recording
-        try:
-            out, region_args = with_region_inputs(self.stitched, lambda: self.sides[AS_ROUTED](*args))
-        finally:
-            stitched.forward = split
+        routed = with_forward_swapped(stitched, recording, self.sides[AS_ROUTED])
+        out, region_args = with_region_inputs(self.stitched, lambda: routed(*args))
         return out, region_args, seen[0] if seen else None
 
     def _apply(self, decision: dict[str, Any], cached: bool) -> None:
@@ -376,16 +372,3 @@ class TrialSlot:
 
 
 TRIAL_SLOT = TrialSlot()
-
-
-def _with_forward(stitched: StitchedGraph, fn: CompiledFn, call: Callable[..., Any]) -> Callable[..., Any]:
-    """``call`` with ``stitched`` run by ``fn`` (its graph compiled whole), for that call only."""
-
-    def run(*args: Any) -> Any:
-        split, stitched.forward = stitched.forward, fn
-        try:
-            return call(*args)
-        finally:
-            stitched.forward = split
-
-    return run

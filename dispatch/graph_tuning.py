@@ -186,7 +186,6 @@ class WholeGraphCheck:
         self, stitched: StitchedGraph, config: Config, cut: bool = False, inductor_past: float | None = None
     ) -> None:
         self.stitched = stitched
-        self.forward = stitched.forward
         self.runners = stitched.runners
         self.cache = ArtifactCache(config.cache_dir)
         self.config = config
@@ -201,7 +200,7 @@ class WholeGraphCheck:
 
     def __call__(self, *args: Any) -> Any:
         if not self.pending:
-            return self.forward(*args)
+            return self.stitched.forward(*args)
         with self._lock:
             if self.pending and (not self.autotune or all(r.read_decision() for r in self.runners)):
                 # Every region's order is cached: a warm start. Take the cached
@@ -213,9 +212,9 @@ class WholeGraphCheck:
                     self._apply(decision, {})
                     self.pending = False
             if not self.pending:
-                return self.forward(*args)
+                return self.stitched.forward(*args)
             # The regions measure and compile on this call.
-            out, region_args = with_region_inputs([self.stitched], lambda: self.forward(*args))
+            out, region_args = with_region_inputs([self.stitched], lambda: self.stitched.forward(*args))
             self._decide(args, region_args)
             self.pending = False
             return out
@@ -238,10 +237,12 @@ class WholeGraphCheck:
         decision = self._cached_decision()
         compiled: dict[str, CompiledFn] = {}
         if decision is None:
-            candidates = {AS_ROUTED: self.forward}
+            candidates = {AS_ROUTED: self.stitched.split_forward}
             if ALL_EAGER in self.rivals:
                 candidates[ALL_EAGER] = with_regions_swapped(
-                    self.runners, {r.plan.name: r.gm.forward for r in self.runners}, self.forward
+                    self.runners,
+                    {r.plan.name: r.gm.forward for r in self.runners},
+                    self.stitched.split_forward,
                 )
             if ON_INDUCTOR in self.rivals:
                 compiled = self._add_inductor(candidates, region_args, args)
@@ -273,7 +274,7 @@ class WholeGraphCheck:
         self,
         candidates: dict[str, CompiledFn],
         region_args: dict[str, Sequence[Any]],
-        args: Sequence[Any] = (),
+        args: Sequence[Any],
     ) -> dict[str, CompiledFn]:
         """Inductor's candidate, checked against torch, added to ``candidates``: for a
         cut graph, the graph compiled whole (``whole_graph_on_inductor``), or where
@@ -291,7 +292,9 @@ class WholeGraphCheck:
         if failed is not None:
             return {}
         if compiled:
-            candidates[ON_INDUCTOR] = with_regions_swapped(self.runners, compiled, self.forward)
+            candidates[ON_INDUCTOR] = with_regions_swapped(
+                self.runners, compiled, self.stitched.split_forward
+            )
         return compiled
 
     def _apply(self, decision: dict[str, Any], compiled: dict[str, CompiledFn]) -> None:
@@ -303,7 +306,8 @@ class WholeGraphCheck:
             runner.run.measured[WHOLE_GRAPH] = line + note
         reason = f"slower as a whole graph by measurement: {line}"
         if winner == WHOLE_ON_INDUCTOR:
-            self._run_whole_on_inductor(compiled.get(WHOLE_ON_INDUCTOR), line)
+            reason = f"compiled whole by inductor with the graph around it, by measurement: {line}"
+            run_whole_on_inductor(self.stitched, compiled.get(WHOLE_ON_INDUCTOR), reason, self.config)
             return
         self.stitched.whole = None
         for runner in self.runners:
@@ -311,11 +315,6 @@ class WholeGraphCheck:
                 runner.run_eager(reason)
             elif winner == ON_INDUCTOR and runner.chain[0] == CUTTING_ROUTE:
                 runner.run_on("inductor", reason, compiled.get(runner.plan.name))
-
-    def _run_whole_on_inductor(self, fn: CompiledFn | None, line: str) -> None:
-        reason = f"compiled whole by inductor with the graph around it, by measurement: {line}"
-        run_whole_on_inductor(self.stitched, fn, reason, self.config)
-        self.forward = self.stitched.__call__
 
 
 def run_whole_on_inductor(

@@ -173,6 +173,22 @@ def with_regions_swapped(
     return run
 
 
+def with_forward_swapped(
+    stitched: StitchedGraph, forward: Callable[..., Any], call: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``call`` with ``stitched`` run by ``forward`` (its graph compiled whole, or a
+    recording of its inputs), for that call only."""
+
+    def run(*args: Any) -> Any:
+        previous, stitched.forward = stitched.forward, forward
+        try:
+            return call(*args)
+        finally:
+            stitched.forward = previous
+
+    return run
+
+
 def unsplit_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A copy of ``gm``'s graph, to keep as it is while ``gm`` is split in place;
     its attributes (constants) are shared, not copied."""

@@ -37,6 +37,20 @@ def _explained(model, inputs=INPUT):
         return dispatch.explain(model, *inputs, options=OPTIONS)
 
 
+def _inductor_refuses_the_expert(monkeypatch):
+    """Inductor fails any graph that holds the expert's matmul (the whole graph, or
+    the eager region alone) and compiles the rest."""
+    route = type(registry.get("inductor"))
+    compile_fn = route.compile
+
+    def refuse_the_expert(self, gm, args):
+        if any(n.op == "call_function" and "matmul_outside_onnx" in str(n.target) for n in gm.graph.nodes):
+            raise RuntimeError("inductor cannot take the expert")
+        return compile_fn(self, gm, args)
+
+    monkeypatch.setattr(route, "compile", refuse_the_expert)
+
+
 def _onnx_regions(explanation):
     return [r for r in explanation.regions if (r.planned_route or r.route) == "onnxrt"]
 
@@ -68,18 +82,8 @@ def test_a_cut_graph_runs_as_one_inductor_compile_where_that_is_fastest(timed, r
 
 @pytest.mark.parametrize("timed", [{ON_INDUCTOR: 1.0}], indirect=True)
 @torch.no_grad()
-def test_onnx_regions_move_to_inductor_one_by_one_where_the_whole_graph_fails(
-    timed, route_compiles, monkeypatch
-):
-    route = type(registry.get("inductor"))
-    one_by_one = route.compile
-
-    def refuse_the_whole_graph(self, gm, args):
-        if any(n.op == "call_function" and "matmul_outside_onnx" in str(n.target) for n in gm.graph.nodes):
-            raise RuntimeError("inductor cannot take the expert")
-        return one_by_one(self, gm, args)
-
-    monkeypatch.setattr(route, "compile", refuse_the_whole_graph)
+def test_onnx_regions_move_to_inductor_one_by_one_where_the_whole_graph_fails(timed, monkeypatch):
+    _inductor_refuses_the_expert(monkeypatch)
     model = ExpertBetweenOnnx(WIDE).eval()
     explanation = _explained(model)
     regions = _onnx_regions(explanation)
@@ -195,15 +199,7 @@ def test_the_unsplit_graph_is_kept_only_while_inductor_may_compile_it_whole(time
 def test_a_warm_start_whose_whole_graph_fails_runs_its_regions_and_says_so_once(timed, monkeypatch):
     model = ExpertBetweenOnnx(WIDE).eval()
     _explained(model)  # the cold start: the whole graph on inductor won, and the decision is cached
-    route = type(registry.get("inductor"))
-    one_by_one = route.compile
-
-    def refuse_the_expert(self, gm, args):
-        if any(n.op == "call_function" and "matmul_outside_onnx" in str(n.target) for n in gm.graph.nodes):
-            raise RuntimeError("inductor cannot take the expert")
-        return one_by_one(self, gm, args)
-
-    monkeypatch.setattr(route, "compile", refuse_the_expert)
+    _inductor_refuses_the_expert(monkeypatch)
     compiled = torch.compile(model, backend="auto", options=OPTIONS)
     with pytest.warns(FallbackWarning) as warned, recorder.recording() as records:
         for _ in range(3):
