@@ -31,7 +31,8 @@ cached: a warm start where the traced graph won compiles nothing for it.
 
 A graph that does little work and still takes ``INDUCTOR_TRIAL_S`` or more a
 call on the faster side, with ORT not far ahead of the traced graph
-(``INDUCTOR_PAST_ROUTED_SHARE``), is bound by its count of ops, not its work: a
+(``INDUCTOR_PAST_ROUTED_SHARE``) or its ORT regions many small ops
+(``graph_tuning.many_small_ops``), is bound by its count of ops, not its work: a
 recurrence unrolled into hundreds of small ops (transformers' Mamba without its
 CUDA kernels: 23 MFLOPs, 8.3 ms a call as traced and 6.3 on ORT, 4.3 under
 plain inductor, which fuses them). There the trial goes on: the graph is
@@ -65,6 +66,7 @@ from .graph_tuning import (
     ON_INDUCTOR,
     WHOLE_ON_INDUCTOR,
     cutting_regions_on_inductor,
+    many_small_ops,
     run_whole_on_inductor,
     whole_graph_on_inductor,
 )
@@ -95,7 +97,7 @@ INDUCTOR_TRIAL_S = 1e-3
 # hf_levit measured 1.10 ms as routed against 3.08 as traced (0.36) in its trial,
 # and plain inductor ran it in 760 µs against auto's 488 settled; Mamba's graph
 # measured 0.74-0.97.
-INDUCTOR_PAST_ROUTED_SHARE = 0.5
+INDUCTOR_PAST_ROUTED_SHARE = 0.5  # unless its ORT regions are many small ops (graph_tuning)
 # Inductor, once compiled, replaces a routed leader where it is faster at all: its
 # kernels run on torch's threads, while ORT's cost to the code after its call (the
 # pool it woke) is not in the routed side's time. With ROUTED_MARGIN there, Mixtral
@@ -233,7 +235,7 @@ class InPlaceTrial:
             if (
                 self.inductor
                 and seconds[self.leader] >= INDUCTOR_TRIAL_S
-                and share >= INDUCTOR_PAST_ROUTED_SHARE
+                and (share >= INDUCTOR_PAST_ROUTED_SHARE or many_small_ops(self.runners))
             ):
                 self.timing = [ON_INDUCTOR, self.leader]
                 self.times = {ON_INDUCTOR: [], self.leader: []}

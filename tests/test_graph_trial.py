@@ -338,6 +338,33 @@ def test_a_small_graph_slow_for_its_work_moves_to_inductor_where_it_wins(
     assert onnx_exports[0] == 1
 
 
+@pytest.mark.parametrize("many_ops", [False, True])
+@torch.no_grad()
+def test_a_small_graph_of_many_small_ops_tries_inductor_however_far_onnx_leads(
+    ort_costs, inductor_tried, monkeypatch, many_ops
+):
+    """An unrolled recurrence (RWKV's 3595 ops): ORT far ahead of the graph as
+    traced, inductor further still. With ``many_ops`` the thresholds are lowered
+    so that the small MLP counts as such a graph; without, ORT's lead settles it."""
+    import dispatch.graph_tuning as graph_tuning
+
+    if many_ops:
+        monkeypatch.setattr(graph_tuning, "MANY_OPS", 1)
+        monkeypatch.setattr(graph_tuning, "SMALL_OP_FLOPS", 10**12)
+    ort_costs[:] = [2e-3, 6e-3]
+    ort_costs.inductor = 0.5e-3
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH if many_ops else TRIAL_LENGTH)
+    (region,) = _regions(graphs)
+    first = "as routed 2.00 ms, as traced 6.00 ms"
+    if many_ops:
+        assert (region.planned_route, region.route) == ("onnxrt", "inductor")
+        assert region.measured[IN_PLACE] == f"{first}, {ON_INDUCTOR} 500.0 µs"
+    else:
+        assert region.route == "onnxrt" and region.measured[IN_PLACE] == first
+
+
 @torch.no_grad()
 def test_a_small_cut_graph_moves_whole_to_one_inductor_compile(
     ort_costs, inductor_tried, onnx_exports, monkeypatch
