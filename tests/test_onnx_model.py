@@ -148,13 +148,13 @@ def test_a_channels_last_feature_map_comes_back_channels_last():
 
 
 def test_only_dense_traced_strides_are_restored():
-    from dispatch.routes.onnx_outputs import _dense
+    from dispatch.routes.onnx_ops import fills_storage
 
-    assert _dense((2, 8, 4, 4), (128, 1, 32, 8))  # channels_last
-    assert _dense((3, 5), (1, 3))  # transposed
-    assert _dense((2, 1, 3), (3, 99, 1))  # a size-1 dim's stride is free
-    assert not _dense((3, 5), (0, 1))  # expanded: overlapping
-    assert not _dense((3, 5), (10, 1))  # a row slice of a wider tensor: gaps
+    assert fills_storage((2, 8, 4, 4), (128, 1, 32, 8))  # channels_last
+    assert fills_storage((3, 5), (1, 3))  # transposed
+    assert fills_storage((2, 1, 3), (3, 99, 1))  # a size-1 dim's stride is free
+    assert not fills_storage((3, 5), (0, 1))  # expanded: overlapping
+    assert not fills_storage((3, 5), (10, 1))  # a row slice of a wider tensor: gaps
 
 
 @torch.no_grad()

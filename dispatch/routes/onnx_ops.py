@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..cache import ArtifactCache, current_cache, versions
-from ..inspect import is_symbolic, tensor_value
+from ..inspect import is_symbolic, is_view_op, tensor_value
 
 
 @contextlib.contextmanager
@@ -290,6 +290,14 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
         return (
             f"{target} of a bool tensor: ONNX Runtime's TopK, which the sort exports as, takes no bool input"
         )
+    if target is AS_STRIDED:
+        layout = as_strided_storage(node)
+        if isinstance(layout, str):
+            return f"{target} {layout}: ONNX holds a tensor's values, not torch's storage behind them"
+    if is_view_op(node) and _views_into_torch_storage(node):
+        # From ORT the view would come back as a tensor of its own values, and the
+        # as_strided would read that tensor's storage instead of the one it viewed.
+        return f"{target} feeds an as_strided that runs on torch's storage: the view stays beside it"
     if target in _ANTIALIASED and isinstance(source, torch.fx.Node) and is_symbolic(source):
         # Static, the first-call check settles it; one export for every size is checked at one.
         return (
@@ -297,6 +305,64 @@ def not_as_in_torch(node: torch.fx.Node) -> str | None:
             "at sizes whose scale is inexact (0.5 off from 11x8 to 5x4, exact from 10x8)"
         )
     return None
+
+
+AS_STRIDED = torch.ops.aten.as_strided.default
+
+
+def as_strided_storage(node: torch.fx.Node) -> tuple[tuple[int, ...], int] | str:
+    """For ``as_strided(x, size, stride, offset)``: the order of ``x``'s dims in its
+    storage (outermost first) and the view's offset from ``x``'s first element, so
+    that the view reads ``x`` permuted to that order and flattened; else why not.
+
+    torch reads the storage behind ``x`` (Longformer chunks a transposed tensor into
+    overlapping windows so), torchlib flattens ``x``'s values in row-major order and
+    takes a missing offset as 0: on a transposed input the region computed
+    something else (hf_longformer's hidden states up to 4e-3 off, under the
+    first-call check's bar). That holds only where ``x`` fills its storage densely
+    and the view stays within it; sizes must be static to say so."""
+    x = tensor_value(node.args[0])
+    args = arguments_by_name(node)
+    size, stride, offset = args.get("size"), args.get("stride"), args.get("storage_offset")
+    if x is None or not isinstance(size, (list, tuple)) or not isinstance(stride, (list, tuple)):
+        return "of an input whose layout was not traced"
+    values = (*x.shape, *x.stride(), x.storage_offset(), *size, *stride, 0 if offset is None else offset)
+    if not all(type(v) is int for v in values):
+        return "with a symbolic size, stride or offset"
+    shape, strides = tuple(x.shape), tuple(x.stride())
+    if not fills_storage(shape, strides):
+        return f"of a tensor of size {list(shape)} and stride {list(strides)}, with gaps or overlaps in its storage"
+    start = (x.storage_offset() if offset is None else offset) - x.storage_offset()
+    if 0 in size:
+        return tuple(range(len(shape))), 0
+    last = start + sum((n - 1) * step for n, step in zip(size, stride))
+    if start < 0 or last >= x.numel() or any(step < 0 for step in stride):
+        return "reading storage outside its input"
+    order = tuple(sorted(range(len(shape)), key=lambda d: -strides[d]))
+    return order, start
+
+
+def _views_into_torch_storage(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s value reaches, through views only, an ``as_strided`` that
+    stays off ONNX Runtime (``as_strided_storage`` refuses it)."""
+    for user in node.users:
+        if user.op != "call_function":
+            continue
+        if user.target is AS_STRIDED and user.args[0] is node and isinstance(as_strided_storage(user), str):
+            return True
+        if is_view_op(user) and _views_into_torch_storage(user):
+            return True
+    return False
+
+
+def fills_storage(size: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether the strides lay ``size`` elements out with no gap and no overlap."""
+    expected = 1
+    for n, step in sorted(((n, s) for n, s in zip(size, stride) if n != 1), key=lambda p: p[1]):
+        if step != expected:
+            return False
+        expected *= n
+    return True
 
 
 # ``torch.sort(x, stable=False)`` traces as the stable overload with ``stable=False``.

@@ -27,6 +27,7 @@ import torch.fx
 
 from ..errors import DispatchError
 from .base import CompiledFn
+from .onnx_ops import fills_storage
 
 
 def in_traced_layout(run: CompiledFn, gm: torch.fx.GraphModule) -> CompiledFn:
@@ -102,19 +103,9 @@ def _traced_layouts(gm: torch.fx.GraphModule) -> list[tuple[int, tuple[tuple[int
         size, stride = tuple(value.shape), tuple(value.stride())
         if not all(type(n) is int for n in size + stride) or value.numel() < 2:
             continue
-        if not value.is_contiguous() and _dense(size, stride):
+        if not value.is_contiguous() and fills_storage(size, stride):
             layouts.append((k, (size, stride)))
     return layouts
-
-
-def _dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    """Whether the strides lay ``size`` elements out with no gap and no overlap."""
-    expected = 1
-    for n, step in sorted(((n, s) for n, s in zip(size, stride) if n != 1), key=lambda p: p[1]):
-        if step != expected:
-            return False
-        expected *= n
-    return True
 
 
 def output_values(gm: torch.fx.GraphModule) -> list[Any]:

@@ -11,7 +11,7 @@ import torch
 import torch.fx
 
 from ..inspect import META_VAL, tensor_value
-from .onnx_ops import SORTS, arguments_by_name
+from .onnx_ops import AS_STRIDED, SORTS, arguments_by_name, as_strided_storage
 
 
 def rewrite_for_onnx(graph: torch.fx.Graph) -> None:
@@ -26,6 +26,7 @@ def rewrite_for_onnx(graph: torch.fx.Graph) -> None:
     _reductions_over_every_dim_name_them(graph)
     _symbolic_scalars_as_tensors(graph)
     _stable_sorts_as_topk(graph)
+    _as_strided_over_storage_order(graph)
 
 
 # Advanced indexing exports as GatherND / ScatterND, which take int64 indices only.
@@ -195,6 +196,28 @@ def sorts_in_onnx_runtime_order(gm: torch.fx.GraphModule) -> None:
         changed = True
     if changed:
         gm.recompile()
+
+
+def _as_strided_over_storage_order(graph: torch.fx.Graph) -> None:
+    """``as_strided(x, ...)`` reads ``x`` permuted to its storage order and made
+    contiguous, at its offset from ``x``'s first element: what torchlib's
+    translation (which flattens the values it is given) needs to read torch's
+    storage (``onnx_ops.as_strided_storage``; the others stay off ORT)."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not AS_STRIDED:
+            continue
+        layout = as_strided_storage(node)
+        if isinstance(layout, str):
+            continue
+        order, start = layout
+        source, size, stride = node.args[0], node.args[1], node.args[2]
+        with graph.inserting_before(node):
+            if order != tuple(sorted(order)):
+                source = graph.call_function(torch.ops.aten.permute.default, (source, list(order)))
+                source = graph.call_function(
+                    torch.ops.aten.clone.default, (source,), {"memory_format": torch.contiguous_format}
+                )
+        node.args, node.kwargs = (source, size, stride, start), {}
 
 
 def _cast_before(graph: torch.fx.Graph, node: torch.fx.Node, value: Any, dtype: torch.dtype) -> torch.fx.Node:
