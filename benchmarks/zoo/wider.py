@@ -10,7 +10,8 @@ families (wav2vec2, SegFormer, Gemma, Phi, BLOOM's ALiBi, ...) and the code
 patterns of ``patterns.py`` (recurrent layers, a U-Net, top-k and scatter,
 masked attention, ...), since its second sweep Qwen3, Gemma 2, ModernBERT,
 Mamba, GPT-BigCode and EVA-02, and the third sweep's 18 and two mixtures of
-experts, OLMoE and Qwen2-MoE (``third_sweep.py``).
+experts, OLMoE and Qwen2-MoE (``third_sweep.py``), and the fourth sweep's 23
+(``fourth_sweep.py``: Whisper, DETR, Longformer, RWKV, ...).
 Same rules: config objects, random weights, nothing downloaded.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from .fourth_sweep import FOURTH_SWEEP
 from .models import _TEXT_FFN, IMAGE, VOCAB, ZOO, ZooModel, _audio, _hf, _image, _timm, _tokens
 from .patterns import PATTERNS
 from .third_sweep import THIRD_SWEEP
@@ -287,6 +289,7 @@ WIDER: dict[str, ZooModel] = {
         ZooModel("timm_inception_v3", "timm", _timm("inception_v3", inputs=partial(_image, size=96))),
         *(ZooModel(name, "pattern", build) for name, build in PATTERNS.items()),
         *THIRD_SWEEP.values(),
+        *FOURTH_SWEEP.values(),
     )
 }
 
