@@ -30,9 +30,10 @@ does enough work for the routes to differ by more than a timer sees: as routed
 against all eager and, where ORT did not run it in well under eager's time,
 against inductor (where it is not compiled, the decision says so and
 ``explain`` shows the share that kept it out). A graph of many small ops (a
-recurrence Dynamo unrolled) is timed against inductor however far ORT leads. ORT is not always the fastest:
-on the zoo's layer_graph_break (LayerNorm and a 128-256-128 MLP on 512 rows)
-ORT's GEMMs ran the layer in 595 µs, eager in 506 and inductor in 518.
+recurrence Dynamo unrolled) is timed against inductor however far ORT leads.
+ORT is not always the fastest: on the zoo's layer_graph_break (LayerNorm and a
+128-256-128 MLP on 512 rows) ORT's GEMMs ran the layer in 595 µs, eager in 506
+and inductor in 518.
 """
 
 from __future__ import annotations
