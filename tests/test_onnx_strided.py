@@ -76,3 +76,21 @@ def test_a_view_of_storage_no_tensor_holds_stays_off_onnxrt():
     strided = [r for r in regions if "as_strided" in " ".join(r.ops)]
     assert [r.route for r in strided] == ["eager"]
     assert "with gaps or overlaps in its storage" in strided[0].rejected["onnxrt"]
+
+
+class _Chunks(torch.nn.Module):
+    def forward(self, x, w):
+        return _overlapping_chunks(x, w)
+
+
+@torch.no_grad()
+def test_a_lowered_program_reads_the_windows_as_torch_does_after_a_round_trip(tmp_path):
+    args = (torch.randn(32, 2, 4, 8), torch.randn(1))
+    program = dispatch.lower(_Chunks(), args)
+    assert [r.route for r in program.regions] == ["onnxrt"]
+    expected = _overlapping_chunks(*args)
+    torch.testing.assert_close(program(*args), expected, rtol=1e-5, atol=1e-5)
+    program.save(tmp_path / "chunks.dispatch")
+    torch.testing.assert_close(
+        dispatch.load(tmp_path / "chunks.dispatch")(*args), expected, rtol=1e-5, atol=1e-5
+    )
