@@ -329,10 +329,11 @@ def as_strided_storage(node: torch.fx.Node) -> tuple[tuple[int, ...], int] | str
     values = (*x.shape, *x.stride(), x.storage_offset(), *size, *stride, 0 if offset is None else offset)
     if not all(type(v) is int for v in values):
         return "with a symbolic size, stride or offset"
-    shape, strides = tuple(x.shape), tuple(x.stride())
+    shape, strides = tuple(int(n) for n in x.shape), tuple(int(s) for s in x.stride())
     if not fills_storage(shape, strides):
         return f"of a tensor of size {list(shape)} and stride {list(strides)}, with gaps or overlaps in its storage"
-    start = (x.storage_offset() if offset is None else offset) - x.storage_offset()
+    base = int(x.storage_offset())
+    start = (base if offset is None else int(offset)) - base
     if 0 in size:
         return tuple(range(len(shape))), 0
     last = start + sum((n - 1) * step for n, step in zip(size, stride))
