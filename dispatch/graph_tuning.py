@@ -77,17 +77,26 @@ CUTTING_ROUTE = "onnxrt"  # runs on threads of its own: its regions contend with
 TIMED_GRAPH_FLOPS = 25_000_000
 # Inductor is compiled and timed as well only where ORT ran the graph in more
 # than this share of eager's time. Inductor ran the zoo's CPU graphs in 0.6 to
-# 0.85 of eager's time, so past it inductor may well win: at 0.8, Mamba-2 (ORT at
-# 0.64, 1.53 ms a call against plain inductor's 1.05), Longformer's encoder (0.70;
-# inductor 0.41 of ORT's time) and DeBERTa-v2 (0.61) stayed on ORT. And a graph timed
+# 0.85 of eager's time, so past it inductor may well win. And a graph timed
 # alone flatters ORT: layer_graph_break's layer measured 0.89 to 0.94 of
 # eager's time there in three cold starts of five, and ran at 1.11 in the
 # model (four weight sets, four sessions); at 1.0 it stayed on ORT, 1.40x
 # inductor's time. Below it ORT's
 # lead rarely repays a compile of seconds. The price, where it is tried: a
 # cold start of hf_bert took 18.5 s against 3.4 (ORT kept by measurement).
-INDUCTOR_PAST_EAGER_SHARE = 0.6
-# Except where the graph is a long chain of small ops: at least MANY_OPS computing
+INDUCTOR_PAST_EAGER_SHARE = 0.8
+# From this lower share where the ORT regions average under FINE_OP_FLOPS an op:
+# many ops besides the matmuls, which inductor fuses and ORT runs one by one.
+# Mamba-2 (195 ops of 0.35 MFLOP, ORT at 0.64: 1.53 ms a call against plain
+# inductor's 1.05) and Longformer's encoder (230 ops of 0.33 MFLOP, ORT at 0.70;
+# inductor 0.41 of ORT's time) stayed on ORT at 0.8. The encoders near 0.6 are
+# matmul-bound and faster on ORT (BERT, RoBERTa, DistilBERT, ELECTRA, ALBERT,
+# BART, DeBERTa-v2: 1.2 to 2.2 MFLOP an op; at 0.6 for all, DistilBERT's and
+# DeBERTa-v2's cold starts compiled inductor in vain, 13.9 and 16.0 s against
+# 3.2 for BERT's).
+INDUCTOR_PAST_EAGER_SHARE_FINE_OPS = 0.6
+FINE_OP_FLOPS = 600_000
+# And from any share where the graph is a long chain of small ops: at least MANY_OPS computing
 # ops in its ORT regions, doing under SMALL_OP_FLOPS each on average. That is a
 # recurrence unrolled by Dynamo, where ORT pays its per-op cost on every op and
 # inductor fuses them: transformers' RWKV (3595 ops of 22 kFLOP) ran in 0.33 of
@@ -130,8 +139,7 @@ def whole_graph_check(stitched: StitchedGraph, plan: GraphPlan, config: Config) 
         return None
     if not (config.allows("inductor") and availability(registry.get("inductor")).ok):
         return WholeGraphCheck(stitched, config)
-    past = 0.0 if many_small_ops(stitched.runners) else INDUCTOR_PAST_EAGER_SHARE
-    return WholeGraphCheck(stitched, config, inductor_past=past)
+    return WholeGraphCheck(stitched, config, inductor_past=inductor_past(stitched.runners))
 
 
 def _onnx_work(stitched: StitchedGraph) -> int | None:
@@ -149,9 +157,24 @@ def many_small_ops(runners: Sequence[RegionRunner]) -> bool:
     """Whether the ONNX Runtime regions among ``runners`` are a long chain of small
     ops (``MANY_OPS``, ``SMALL_OP_FLOPS``): inductor is then timed against them
     however far ORT leads eager."""
-    ops = sum(r.plan.node_count for r in runners if r.chain[0] == CUTTING_ROUTE)
-    work = _work(runners)
+    ops, work = _ops_and_work(runners)
     return work is not None and ops >= MANY_OPS and work < SMALL_OP_FLOPS * ops
+
+
+def inductor_past(runners: Sequence[RegionRunner]) -> float:
+    """The share of all eager's time past which ORT's regions among ``runners`` are
+    timed against inductor: none for many small ops, a lower one for fine ops."""
+    if many_small_ops(runners):
+        return 0.0
+    ops, work = _ops_and_work(runners)
+    if work is not None and work < FINE_OP_FLOPS * ops:
+        return INDUCTOR_PAST_EAGER_SHARE_FINE_OPS
+    return INDUCTOR_PAST_EAGER_SHARE
+
+
+def _ops_and_work(runners: Sequence[RegionRunner]) -> tuple[int, int | None]:
+    ops = sum(r.plan.node_count for r in runners if r.chain[0] == CUTTING_ROUTE)
+    return ops, _work(runners)
 
 
 def cutting_regions_on_inductor(

@@ -61,7 +61,7 @@ def test_a_graph_onnx_runs_slower_than_eager_moves_to_inductor(timed, route_comp
     assert len(timed) == 2, "the cached whole-graph decision was measured again"
 
 
-@pytest.mark.parametrize("timed", [{"as routed": 1.0, "all eager": 2.0}], indirect=True)
+@pytest.mark.parametrize("timed", [{"as routed": 1.5, "all eager": 2.0}], indirect=True)
 @torch.no_grad()
 def test_inductor_is_not_compiled_where_onnx_clearly_beats_eager(timed, route_compiles):
     model, args = LARGE
@@ -70,8 +70,8 @@ def test_inductor_is_not_compiled_where_onnx_clearly_beats_eager(timed, route_co
     assert timed == [ONNX_AND_EAGER]
     assert "inductor" not in route_compiles
     assert explanation.regions[0].measured["whole graph"] == (
-        "as routed 1.00 ms, all eager 2.00 ms; inductor not compiled: as routed took 0.50 of all "
-        "eager's time, at most 0.6 (autotune times it: DISPATCH_AUTOTUNE=1)"
+        "as routed 1.50 ms, all eager 2.00 ms; inductor not compiled: as routed took 0.75 of all "
+        "eager's time, at most 0.8 (autotune times it: DISPATCH_AUTOTUNE=1)"
     )
 
 
@@ -140,6 +140,35 @@ def test_a_graph_of_many_small_ops_times_inductor_however_far_onnx_leads(timed, 
     assert timed == [ONNX_AND_EAGER, {*ONNX_AND_EAGER, ON_INDUCTOR}]
 
 
+@pytest.mark.parametrize("timed", [{"as routed": 1.5, "all eager": 2.0, ON_INDUCTOR: 1.0}], indirect=True)
+@torch.no_grad()
+def test_a_graph_of_fine_ops_times_inductor_from_a_lower_share(timed, monkeypatch):
+    """Mamba-2 and Longformer's encoder: many ops besides the matmuls, ORT at 0.64
+    and 0.70 of all eager's time, inductor faster still. The threshold is raised
+    so that the small MLP counts as such a graph."""
+    import dispatch.graph_tuning as graph_tuning
+
+    monkeypatch.setattr(graph_tuning, "FINE_OP_FLOPS", 10**12)
+    model, args = LARGE
+    [region] = _explained(model, args).regions
+    assert region.route == "inductor"
+    assert timed == [ONNX_AND_EAGER, {*ONNX_AND_EAGER, ON_INDUCTOR}]
+
+
+class FineOps(torch.nn.Module):
+    """Small matmuls among many elementwise ops, as Mamba-2's mixer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(128, 128) for _ in range(8))
+
+    def forward(self, x):
+        for layer in self.layers:
+            h = layer(x)
+            x = x + torch.sigmoid(h) * torch.tanh(h) * torch.exp(-h.abs())
+        return x
+
+
 class UnrolledRecurrence(torch.nn.Module):
     """A recurrence written as a Python loop over time steps, as RWKV's CPU path is:
     Dynamo unrolls it into a few small ops per step."""
@@ -174,6 +203,22 @@ def _as_onnx_region(model, *args):
     return SimpleNamespace(
         chain=["onnxrt"], gm=gm, plan=SimpleNamespace(node_count=_compute_count(gm.graph.nodes))
     )
+
+
+def test_the_share_past_which_inductor_is_timed_follows_the_ops_size():
+    from dispatch.graph_tuning import (
+        INDUCTOR_PAST_EAGER_SHARE,
+        INDUCTOR_PAST_EAGER_SHARE_FINE_OPS,
+        inductor_past,
+    )
+
+    assert inductor_past([_as_onnx_region(UnrolledRecurrence(), torch.randn(2, 128, 128))]) == 0.0
+    assert (
+        inductor_past([_as_onnx_region(FineOps(), torch.randn(64, 128))])
+        == INDUCTOR_PAST_EAGER_SHARE_FINE_OPS
+    )
+    model, args = LARGE
+    assert inductor_past([_as_onnx_region(model, *args)]) == INDUCTOR_PAST_EAGER_SHARE
 
 
 def test_an_unrolled_recurrence_is_many_small_ops_and_a_network_is_not():
