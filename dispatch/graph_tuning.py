@@ -128,7 +128,7 @@ def whole_graph_check(stitched: StitchedGraph, plan: GraphPlan, config: Config) 
     hold for the others)."""
     several = len(plan.regions) > 1
     cut = several and is_cut(stitched, config)
-    work = _onnx_work(stitched)
+    work = _work(stitched.runners)
     if not cut:
         stitched.whole = None  # only a cut graph is compiled whole: free the copy
     if (cut and (work is None or work >= TIMED_GRAPH_FLOPS)) or (several and config.autotune):
@@ -142,13 +142,9 @@ def whole_graph_check(stitched: StitchedGraph, plan: GraphPlan, config: Config) 
     return WholeGraphCheck(stitched, config, inductor_past=inductor_past(stitched.runners))
 
 
-def _onnx_work(stitched: StitchedGraph) -> int | None:
-    """The FLOPs of the graph's ONNX Runtime regions (0 with none); None where a
-    region's work is unknown (a symbolic size)."""
-    return _work(stitched.runners)
-
-
 def _work(runners: Sequence[RegionRunner]) -> int | None:
+    """The FLOPs of the ONNX Runtime regions among ``runners`` (0 with none); None
+    where a region's work is unknown (a symbolic size)."""
     flops = [estimated_flops(r.gm) for r in runners if r.chain[0] == CUTTING_ROUTE]
     return None if None in flops else sum(f for f in flops if f is not None)
 
@@ -157,16 +153,19 @@ def many_small_ops(runners: Sequence[RegionRunner]) -> bool:
     """Whether the ONNX Runtime regions among ``runners`` are a long chain of small
     ops (``MANY_OPS``, ``SMALL_OP_FLOPS``): inductor is then timed against them
     however far ORT leads eager."""
-    ops, work = _ops_and_work(runners)
+    return _many_small(*_ops_and_work(runners))
+
+
+def _many_small(ops: int, work: int | None) -> bool:
     return work is not None and ops >= MANY_OPS and work < SMALL_OP_FLOPS * ops
 
 
 def inductor_past(runners: Sequence[RegionRunner]) -> float:
     """The share of all eager's time past which ORT's regions among ``runners`` are
     timed against inductor: none for many small ops, a lower one for fine ops."""
-    if many_small_ops(runners):
-        return 0.0
     ops, work = _ops_and_work(runners)
+    if _many_small(ops, work):
+        return 0.0
     if work is not None and work < FINE_OP_FLOPS * ops:
         return INDUCTOR_PAST_EAGER_SHARE_FINE_OPS
     return INDUCTOR_PAST_EAGER_SHARE

@@ -21,6 +21,7 @@ import torch
 
 from .models import (
     _SEQ2SEQ,
+    _SMALL_VISION,
     _TEXT_FFN,
     IMAGE,
     VOCAB,
@@ -31,15 +32,6 @@ from .models import (
     _tokens,
     _torchvision_without_its_kernels,
 )
-
-_SMALL_VISION = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "intermediate_size": 128,
-    "image_size": IMAGE,
-    "patch_size": 16,
-}
 
 
 class _Whisper(torch.nn.Module):

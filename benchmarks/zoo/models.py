@@ -68,6 +68,15 @@ class EncoderDecoder(torch.nn.Module):
 _TEXT = {"vocab_size": VOCAB, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
 _TEXT_FFN = {**_TEXT, "intermediate_size": 256, "max_position_embeddings": 128}
 _STAGES = {"hidden_sizes": [32, 64, 128, 256], "depths": [1, 1, 1, 1]}
+# A small vision transformer on the zoo's images (the wider set and its sweeps).
+_SMALL_VISION = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "image_size": IMAGE,
+    "patch_size": 16,
+}
 _SEQ2SEQ = {
     "vocab_size": VOCAB,
     "d_model": 128,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from functools import partial
 
 from .fourth_sweep import FOURTH_SWEEP
-from .models import _TEXT_FFN, IMAGE, VOCAB, ZOO, ZooModel, _audio, _hf, _image, _timm, _tokens
+from .models import _SMALL_VISION, _TEXT_FFN, IMAGE, VOCAB, ZOO, ZooModel, _audio, _hf, _image, _timm, _tokens
 from .patterns import PATTERNS
 from .third_sweep import THIRD_SWEEP
 
@@ -33,14 +33,6 @@ _VISION = {
     "patch_size": 16,
 }
 
-_SMALL_VISION = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "intermediate_size": 128,
-    "image_size": IMAGE,
-    "patch_size": 16,
-}
 _TWO_STAGES = {"hidden_sizes": [16, 32], "depths": [1, 1]}
 
 
