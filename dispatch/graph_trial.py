@@ -32,7 +32,7 @@ cached: a warm start where the traced graph won compiles nothing for it.
 A graph that does little work and still takes ``INDUCTOR_TRIAL_S`` or more a
 call on the faster side, with ORT not far ahead of the traced graph
 (``INDUCTOR_PAST_ROUTED_SHARE``) or its ORT regions many small ops
-(``graph_tuning.many_small_ops``), is bound by its count of ops, not its work: a
+(``inductor_bar.many_small_ops``), is bound by its count of ops, not its work: a
 recurrence unrolled into hundreds of small ops (transformers' Mamba without its
 CUDA kernels: 23 MFLOPs, 8.3 ms a call as traced and 6.3 on ORT, 4.3 under
 plain inductor, which fuses them). There the trial goes on: the graph is
@@ -62,14 +62,13 @@ from .cache import ArtifactCache, region_key
 from .config import Config
 from .graph_tuning import (
     AS_ROUTED,
-    CUTTING_ROUTE,
     ON_INDUCTOR,
     WHOLE_ON_INDUCTOR,
     cutting_regions_on_inductor,
-    many_small_ops,
     run_whole_on_inductor,
     whole_graph_on_inductor,
 )
+from .inductor_bar import CUTTING_ROUTE, many_small_ops
 from .planner import availability
 from .region import GraphPlan
 from .routes import CompiledFn, registry

@@ -29,11 +29,10 @@ Any other CPU inference graph that ONNX Runtime runs is timed too, where it
 does enough work for the routes to differ by more than a timer sees: as routed
 against all eager and, where ORT did not run it in well under eager's time,
 against inductor (where it is not compiled, the decision says so and
-``explain`` shows the share that kept it out). A graph of many small ops (a
-recurrence Dynamo unrolled) is timed against inductor however far ORT leads.
-ORT is not always the fastest: on the zoo's layer_graph_break (LayerNorm and a
-128-256-128 MLP on 512 rows) ORT's GEMMs ran the layer in 595 µs, eager in 506
-and inductor in 518.
+``explain`` shows the share that kept it out; ``inductor_bar.py`` sets that
+share by what the ORT regions do). ORT is not always the fastest: on the
+zoo's layer_graph_break (LayerNorm and a 128-256-128 MLP on 512 rows) ORT's
+GEMMs ran the layer in 595 µs, eager in 506 and inductor in 518.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ from .autotune import check_close
 from .cache import ArtifactCache, inductor_cache, region_key, using
 from .config import Config
 from .errors import error_line
+from .inductor_bar import CUTTING_ROUTE, InductorBar, inductor_past, onnx_work
 from .planner import availability
 from .region import GraphPlan
 from .routes import CompiledFn, registry
@@ -62,7 +62,6 @@ from .stitch import (
     with_region_inputs,
     with_regions_swapped,
 )
-from .work import estimated_flops
 
 AS_ROUTED = "as routed"
 ALL_EAGER = "all eager"
@@ -70,41 +69,10 @@ ON_INDUCTOR = "regions on inductor"  # the regions of routes that cut inductor's
 WHOLE_ON_INDUCTOR = "whole graph on inductor"  # the graph before the split, one inductor compile
 WHOLE_GRAPH = "whole graph"  # the key of this measurement in each region's ``measured``
 INDUCTOR_UNTRIED = "inductor untried"  # a decision's note: why inductor was not compiled
-CUTTING_ROUTE = "onnxrt"  # runs on threads of its own: its regions contend with the eager ones
 # An ORT graph below this much work is not timed: it runs in tens of µs, where
 # Dynamo's own call dominates and the routes differ by less than a busy
 # machine's noise, and timing costs about half a second of its first call.
 TIMED_GRAPH_FLOPS = 25_000_000
-# Inductor is compiled and timed as well only where ORT ran the graph in more
-# than this share of eager's time. Inductor ran the zoo's CPU graphs in 0.6 to
-# 0.85 of eager's time, so past it inductor may well win. And a graph timed
-# alone flatters ORT: layer_graph_break's layer measured 0.89 to 0.94 of
-# eager's time there in three cold starts of five, and ran at 1.11 in the
-# model (four weight sets, four sessions); at 1.0 it stayed on ORT, 1.40x
-# inductor's time. Below it ORT's
-# lead rarely repays a compile of seconds. The price, where it is tried: a
-# cold start of hf_bert took 18.5 s against 3.4 (ORT kept by measurement).
-INDUCTOR_PAST_EAGER_SHARE = 0.8
-# From this lower share where the ORT regions average under FINE_OP_FLOPS an op:
-# many ops besides the matmuls, which inductor fuses and ORT runs one by one.
-# Mamba-2 (195 ops of 0.35 MFLOP, ORT at 0.64: 1.53 ms a call against plain
-# inductor's 1.05) and Longformer's encoder (230 ops of 0.33 MFLOP, ORT at 0.70;
-# inductor 0.41 of ORT's time) stayed on ORT at 0.8. The encoders near 0.6 are
-# matmul-bound and faster on ORT (BERT, RoBERTa, DistilBERT, ELECTRA, ALBERT,
-# BART, DeBERTa-v2: 1.2 to 2.2 MFLOP an op; at 0.6 for all, DistilBERT's and
-# DeBERTa-v2's cold starts compiled inductor in vain, 13.9 and 16.0 s against
-# 3.2 for BERT's).
-INDUCTOR_PAST_EAGER_SHARE_FINE_OPS = 0.6
-FINE_OP_FLOPS = 600_000
-# And from any share where the graph is a long chain of small ops: at least MANY_OPS computing
-# ops in its ORT regions, doing under SMALL_OP_FLOPS each on average. That is a
-# recurrence unrolled by Dynamo, where ORT pays its per-op cost on every op and
-# inductor fuses them: transformers' RWKV (3595 ops of 22 kFLOP) ran in 0.33 of
-# eager's time on ORT, 3.3 ms, and in 1.34 ms under plain inductor. The ordinary
-# networks of the zoo run 100 to 400 ops of 0.1 to 2 MFLOP; hf_levit's 154 ops of
-# 21 kFLOP run faster on ORT (488 µs against inductor's 760).
-MANY_OPS = 500
-SMALL_OP_FLOPS = 50_000
 
 
 def is_cut(stitched: StitchedGraph, config: Config) -> bool:
@@ -128,7 +96,7 @@ def whole_graph_check(stitched: StitchedGraph, plan: GraphPlan, config: Config) 
     hold for the others)."""
     several = len(plan.regions) > 1
     cut = several and is_cut(stitched, config)
-    work = _work(stitched.runners)
+    work = onnx_work(stitched.runners)
     if not cut:
         stitched.whole = None  # only a cut graph is compiled whole: free the copy
     if (cut and (work is None or work >= TIMED_GRAPH_FLOPS)) or (several and config.autotune):
@@ -140,40 +108,6 @@ def whole_graph_check(stitched: StitchedGraph, plan: GraphPlan, config: Config) 
     if not (config.allows("inductor") and availability(registry.get("inductor")).ok):
         return WholeGraphCheck(stitched, config)
     return WholeGraphCheck(stitched, config, inductor_past=inductor_past(stitched.runners))
-
-
-def _work(runners: Sequence[RegionRunner]) -> int | None:
-    """The FLOPs of the ONNX Runtime regions among ``runners`` (0 with none); None
-    where a region's work is unknown (a symbolic size)."""
-    flops = [estimated_flops(r.gm) for r in runners if r.chain[0] == CUTTING_ROUTE]
-    return None if None in flops else sum(f for f in flops if f is not None)
-
-
-def many_small_ops(runners: Sequence[RegionRunner]) -> bool:
-    """Whether the ONNX Runtime regions among ``runners`` are a long chain of small
-    ops (``MANY_OPS``, ``SMALL_OP_FLOPS``): inductor is then timed against them
-    however far ORT leads eager."""
-    return _many_small(*_ops_and_work(runners))
-
-
-def _many_small(ops: int, work: int | None) -> bool:
-    return work is not None and ops >= MANY_OPS and work < SMALL_OP_FLOPS * ops
-
-
-def inductor_past(runners: Sequence[RegionRunner]) -> float:
-    """The share of all eager's time past which ORT's regions among ``runners`` are
-    timed against inductor: none for many small ops, a lower one for fine ops."""
-    ops, work = _ops_and_work(runners)
-    if _many_small(ops, work):
-        return 0.0
-    if work is not None and work < FINE_OP_FLOPS * ops:
-        return INDUCTOR_PAST_EAGER_SHARE_FINE_OPS
-    return INDUCTOR_PAST_EAGER_SHARE
-
-
-def _ops_and_work(runners: Sequence[RegionRunner]) -> tuple[int, int | None]:
-    ops = sum(r.plan.node_count for r in runners if r.chain[0] == CUTTING_ROUTE)
-    return ops, _work(runners)
 
 
 def cutting_regions_on_inductor(
@@ -230,10 +164,14 @@ class WholeGraphCheck:
     times the whole graph as routed against its rivals (all on eager; for a cut
     graph, its ORT regions on inductor too) and moves the regions to the
     fastest. ``inductor_past``: time the ORT regions on inductor as well only
-    where as routed took more than this share of eager's time."""
+    where as routed took more than its share of eager's time."""
 
     def __init__(
-        self, stitched: StitchedGraph, config: Config, cut: bool = False, inductor_past: float | None = None
+        self,
+        stitched: StitchedGraph,
+        config: Config,
+        cut: bool = False,
+        inductor_past: InductorBar | None = None,
     ) -> None:
         self.stitched = stitched
         self.runners = stitched.runners
@@ -271,7 +209,7 @@ class WholeGraphCheck:
 
     def _key(self) -> str:
         parts = (region_key(r.gm, tuple(r.chain)) for r in self.runners)
-        past = () if self.inductor_past is None else (f"{ON_INDUCTOR} past {self.inductor_past}",)
+        past = () if self.inductor_past is None else (f"{ON_INDUCTOR} past {self.inductor_past.share}",)
         whole = (WHOLE_ON_INDUCTOR,) if ON_INDUCTOR in self.rivals and self.stitched.whole is not None else ()
         return region_key(self.gm, *parts, *self.rivals, *past, *whole)
 
@@ -298,16 +236,18 @@ class WholeGraphCheck:
                 compiled = self._add_inductor(candidates, region_args, args)
             seconds = self._timed(candidates, args)
             untried = None
-            if self.inductor_past is not None:
+            bar = self.inductor_past
+            if bar is not None:
                 share = seconds[AS_ROUTED] / seconds[ALL_EAGER]
-                if share > self.inductor_past:
+                if share > bar.share:
                     compiled = self._add_inductor(candidates, region_args, args)
                     if compiled:
                         seconds = self._timed(candidates, args)
                 else:
+                    regions = f" for ORT regions {bar.regions}" if bar.regions else ""
                     untried = (
                         f"inductor not compiled: as routed took {share:.2f} of all eager's time, "
-                        f"at most {self.inductor_past} (autotune times it: DISPATCH_AUTOTUNE=1)"
+                        f"at most {bar.share}{regions} (autotune times it: DISPATCH_AUTOTUNE=1)"
                     )
             decision = {name: autotune.format_seconds(s) for name, s in seconds.items()}
             decision["winner"] = min(seconds, key=lambda name: seconds[name])

@@ -4,7 +4,10 @@ A runtime's fixed costs (waking a thread pool, a call) pay off only above some
 amount of work; routes read this estimate to size what they set up for a
 region. Matmuls and convolutions count their multiply-adds (2 flops each);
 every other op counts one flop per output element. An estimate, not a model of
-the hardware: it ranks regions by work, which is all its callers ask.
+the hardware: it ranks regions by work, which is all its callers ask. The
+bytes that ops moving data (permutes, copies, gathers) write are counted
+beside the matmuls' work: ORT runs each of them on its own, inductor mostly
+folds them into their readers.
 """
 
 from __future__ import annotations
@@ -35,6 +38,21 @@ _CONVOLUTIONS = {
     aten.conv2d.default,
     aten.conv3d.default,
 }
+# Ops that only move data. ONNX Runtime runs each as a kernel of its own (a
+# Transpose for every permute, a Gather for every index), one element at a
+# time where the layout is not a plain copy; inductor folds most of them into
+# the kernel that reads their result.
+_DATA_MOVES = {
+    aten.permute.default,
+    aten.transpose.int,
+    aten.clone.default,
+    aten.cat.default,
+    aten.index_select.default,
+    aten.gather.default,
+    aten.index.Tensor,
+    aten.embedding.default,
+    aten.im2col.default,
+}
 
 
 def estimated_flops(gm: torch.fx.GraphModule) -> int | None:
@@ -47,6 +65,25 @@ def estimated_flops(gm: torch.fx.GraphModule) -> int | None:
             return None
         total += flops
     return total
+
+
+def data_moved(gm: torch.fx.GraphModule) -> tuple[int, int] | None:
+    """(bytes written by the graph's data-moving ops, FLOPs of its matmuls and
+    convolutions) per call; None where a size is symbolic."""
+    moved = matmul = 0
+    for node in compute_nodes(gm):
+        out = node.meta.get(META_VAL)
+        if node.target in _MATMULS or node.target in _CONVOLUTIONS:
+            flops = _node_flops(node)
+            if flops is None:
+                return None
+            matmul += flops
+        elif node.target in _DATA_MOVES and isinstance(out, torch.Tensor):
+            size = _product(out.element_size(), out.shape)
+            if size is None:
+                return None
+            moved += size
+    return moved, matmul
 
 
 def _node_flops(node: torch.fx.Node) -> int | None:

@@ -346,11 +346,11 @@ def test_a_small_graph_of_many_small_ops_tries_inductor_however_far_onnx_leads(
     """An unrolled recurrence (RWKV's 3595 ops): ORT far ahead of the graph as
     traced, inductor further still. With ``many_ops`` the thresholds are lowered
     so that the small MLP counts as such a graph; without, ORT's lead settles it."""
-    import dispatch.graph_tuning as graph_tuning
+    import dispatch.inductor_bar as inductor_bar
 
     if many_ops:
-        monkeypatch.setattr(graph_tuning, "MANY_OPS", 1)
-        monkeypatch.setattr(graph_tuning, "SMALL_OP_FLOPS", 10**12)
+        monkeypatch.setattr(inductor_bar, "MANY_OPS", 1)
+        monkeypatch.setattr(inductor_bar, "SMALL_OP_FLOPS", 10**12)
     ort_costs[:] = [2e-3, 6e-3]
     ort_costs.inductor = 0.5e-3
     model, x = small(), torch.randn(8, 16)

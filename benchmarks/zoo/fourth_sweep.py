@@ -9,7 +9,7 @@ Two were wrong or slow under auto and are fixed: Longformer's ONNX Runtime
 region read ``as_strided`` windows of a transposed tensor in the wrong order
 (hidden states up to 4e-3 off; ``onnx_ops.as_strided_storage``), and RWKV's
 3595 small ops stayed on ONNX Runtime at 2.5x plain inductor's time
-(``graph_tuning.many_small_ops``). Same rules as the zoo: config objects,
+(``inductor_bar.many_small_ops``). Same rules as the zoo: config objects,
 random weights, nothing downloaded.
 """
 

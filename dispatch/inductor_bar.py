@@ -1,0 +1,122 @@
+"""When inductor is worth compiling beside ONNX Runtime: the share of all eager's
+time past which a graph's ORT regions are timed against inductor.
+
+Compiling inductor costs seconds, so a graph whose ORT regions run well under
+eager's time keeps them untimed against it. How far under depends on what the
+regions do: where they are matmul-bound, ORT's lead holds; where most of their
+ops are fine, many and small, or only move data, inductor fuses what ORT runs
+one op at a time. The shares were measured on the zoo's models; the numbers
+behind each are beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .stitch import RegionRunner
+from .work import data_moved, estimated_flops
+
+CUTTING_ROUTE = "onnxrt"  # runs on threads of its own: its regions contend with the eager ones
+# Inductor is compiled and timed as well only where ORT ran the graph in more
+# than this share of eager's time. Inductor ran the zoo's CPU graphs in 0.6 to
+# 0.85 of eager's time, so past it inductor may well win. And a graph timed
+# alone flatters ORT: layer_graph_break's layer measured 0.89 to 0.94 of
+# eager's time there in three cold starts of five, and ran at 1.11 in the
+# model (four weight sets, four sessions); at 1.0 it stayed on ORT, 1.40x
+# inductor's time. Below it ORT's lead rarely repays a compile of seconds. The price, where it is tried: a
+# cold start of hf_bert took 18.5 s against 3.4 (ORT kept by measurement).
+INDUCTOR_PAST_EAGER_SHARE = 0.8
+# From this lower share where the ORT regions average under FINE_OP_FLOPS an op:
+# many ops besides the matmuls, which inductor fuses and ORT runs one by one.
+# Mamba-2 (195 ops of 0.35 MFLOP, ORT at 0.64: 1.53 ms a call against plain
+# inductor's 1.05) and Longformer's encoder (230 ops of 0.33 MFLOP, ORT at 0.70;
+# inductor 0.41 of ORT's time) stayed on ORT at 0.8. The encoders near 0.6 are
+# matmul-bound and faster on ORT (BERT, RoBERTa, DistilBERT, ELECTRA, ALBERT,
+# BART, DeBERTa-v2: 1.2 to 2.2 MFLOP an op; at 0.6 for all, DistilBERT's and
+# DeBERTa-v2's cold starts compiled inductor in vain, 13.9 and 16.0 s against
+# 3.2 for BERT's).
+INDUCTOR_PAST_EAGER_SHARE_FINE_OPS = 0.6
+FINE_OP_FLOPS = 600_000
+# And from any share where the graph is a long chain of small ops: at least MANY_OPS computing
+# ops in its ORT regions, doing under SMALL_OP_FLOPS each on average. That is a
+# recurrence unrolled by Dynamo, where ORT pays its per-op cost on every op and
+# inductor fuses them: transformers' RWKV (3595 ops of 22 kFLOP) ran in 0.33 of
+# eager's time on ORT, 3.3 ms, and in 1.34 ms under plain inductor. The ordinary
+# networks of the zoo run 100 to 400 ops of 0.1 to 2 MFLOP; hf_levit's 154 ops of
+# 21 kFLOP run faster on ORT (488 µs against inductor's 760).
+MANY_OPS = 500
+SMALL_OP_FLOPS = 50_000
+# And from a lower share still where the ORT regions mostly move data: their
+# permutes, copies, concatenations and gathers write at least
+# MOVED_BYTES_PER_KFLOP bytes per thousand FLOPs of their matmuls. ORT runs each
+# as a kernel of its own, where inductor folds them into the kernels that read
+# them. In ORT's own profile XLNet's Transposes and Gathers took 44% of its
+# time (85 bytes a kFLOP; ORT at 0.52-0.62 of eager and 1.2-1.45x plain
+# inductor's time), ConvBERT's 42% (51; 0.51-0.61, 1.13x), and BERT's, GPT-2's
+# and DeBERTa-v2's 8-9% (12 to 25). The models past the line where ORT leads
+# inductor ran ORT at 0.44 of eager or less (Swin 43, PVT v2 41, SqueezeBERT
+# 59, EfficientViT 51), so the share still decides.
+INDUCTOR_PAST_EAGER_SHARE_MOVING = 0.5
+MOVED_BYTES_PER_KFLOP = 40
+
+
+def onnx_work(runners: Sequence[RegionRunner]) -> int | None:
+    """The FLOPs of the ONNX Runtime regions among ``runners`` (0 with none); None
+    where a region's work is unknown (a symbolic size)."""
+    flops = [estimated_flops(r.gm) for r in runners if r.chain[0] == CUTTING_ROUTE]
+    return None if None in flops else sum(f for f in flops if f is not None)
+
+
+def many_small_ops(runners: Sequence[RegionRunner]) -> bool:
+    """Whether the ONNX Runtime regions among ``runners`` are a long chain of small
+    ops (``MANY_OPS``, ``SMALL_OP_FLOPS``): inductor is then timed against them
+    however far ORT leads eager."""
+    return _many_small(*_ops_and_work(runners))
+
+
+def _many_small(ops: int, work: int | None) -> bool:
+    return work is not None and ops >= MANY_OPS and work < SMALL_OP_FLOPS * ops
+
+
+@dataclass(frozen=True)
+class InductorBar:
+    """The share of all eager's time past which ORT's regions are timed against
+    inductor, and for which regions that share holds (shown in ``explain``)."""
+
+    share: float
+    regions: str = ""
+
+
+def inductor_past(runners: Sequence[RegionRunner]) -> InductorBar:
+    """The share of all eager's time past which ORT's regions among ``runners`` are
+    timed against inductor: none for many small ops, lower ones for regions that
+    mostly move data and for fine ops."""
+    ops, work = _ops_and_work(runners)
+    if _many_small(ops, work):
+        return InductorBar(0.0, "of many small ops")
+    if moves_much(runners):
+        return InductorBar(INDUCTOR_PAST_EAGER_SHARE_MOVING, "that mostly move data")
+    if work is not None and work < FINE_OP_FLOPS * ops:
+        return InductorBar(INDUCTOR_PAST_EAGER_SHARE_FINE_OPS, "of fine ops")
+    return InductorBar(INDUCTOR_PAST_EAGER_SHARE)
+
+
+def moves_much(runners: Sequence[RegionRunner]) -> bool:
+    """Whether the ONNX Runtime regions among ``runners`` move at least
+    ``MOVED_BYTES_PER_KFLOP`` bytes per thousand matmul FLOPs; False where a size is
+    symbolic."""
+    moved = matmul = 0
+    for runner in runners:
+        if runner.chain[0] != CUTTING_ROUTE:
+            continue
+        counts = data_moved(runner.gm)
+        if counts is None:
+            return False
+        moved, matmul = moved + counts[0], matmul + counts[1]
+    return moved > 0 and moved * 1000 >= MOVED_BYTES_PER_KFLOP * matmul
+
+
+def _ops_and_work(runners: Sequence[RegionRunner]) -> tuple[int, int | None]:
+    ops = sum(r.plan.node_count for r in runners if r.chain[0] == CUTTING_ROUTE)
+    return ops, onnx_work(runners)
