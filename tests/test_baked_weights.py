@@ -31,6 +31,28 @@ def test_writes_through_data_reach_the_next_call():
 
 
 @torch.no_grad()
+def test_weight_changes_are_seen_without_dynamos_guards_on_modules():
+    """The README offers torch's guard filter that drops Dynamo's guards on modules
+    (most of Dynamo's cost on a model of many weights). The weight check is
+    dispatch's own, so every change still reaches the next call: in place,
+    through ``.data``, a tensor put in ``.data``, a new Parameter."""
+    model, x = MLP().eval(), torch.randn(4, 16)
+    skip_module_guards = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    compiled = torch.compile(model, backend="auto", options={"guard_filter_fn": skip_module_guards})
+    torch.testing.assert_close(compiled(x), model(x))
+    first, last = model.net[0], model.net[-1]
+    changes = (
+        lambda: first.weight.mul_(2),
+        lambda: first.bias.data.add_(1),
+        lambda: setattr(last.weight, "data", torch.randn_like(last.weight)),
+        lambda: setattr(first, "weight", torch.nn.Parameter(torch.randn_like(first.weight))),
+    )
+    for change in changes:
+        change()
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+@torch.no_grad()
 def test_a_batchnorm_statistic_changed_through_data_reaches_the_folded_conv():
     model, x = _conv_bn(), torch.randn(2, 3, 16, 16)
     compiled = torch.compile(model, backend="auto")
