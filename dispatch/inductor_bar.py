@@ -24,8 +24,9 @@ CUTTING_ROUTE = "onnxrt"  # runs on threads of its own: its regions contend with
 # alone flatters ORT: layer_graph_break's layer measured 0.89 to 0.94 of
 # eager's time there in three cold starts of five, and ran at 1.11 in the
 # model (four weight sets, four sessions); at 1.0 it stayed on ORT, 1.40x
-# inductor's time. Below it ORT's lead rarely repays a compile of seconds. The price, where it is tried: a
-# cold start of hf_bert took 18.5 s against 3.4 (ORT kept by measurement).
+# inductor's time. Below it ORT's lead rarely repays a compile of seconds. The
+# price, where it is tried: a cold start of hf_bert took 18.5 s against 3.4
+# (ORT kept by measurement).
 INDUCTOR_PAST_EAGER_SHARE = 0.8
 # From this lower share where the ORT regions average under FINE_OP_FLOPS an op:
 # many ops besides the matmuls, which inductor fuses and ORT runs one by one.
@@ -38,13 +39,14 @@ INDUCTOR_PAST_EAGER_SHARE = 0.8
 # 3.2 for BERT's).
 INDUCTOR_PAST_EAGER_SHARE_FINE_OPS = 0.6
 FINE_OP_FLOPS = 600_000
-# And from any share where the graph is a long chain of small ops: at least MANY_OPS computing
-# ops in its ORT regions, doing under SMALL_OP_FLOPS each on average. That is a
-# recurrence unrolled by Dynamo, where ORT pays its per-op cost on every op and
-# inductor fuses them: transformers' RWKV (3595 ops of 22 kFLOP) ran in 0.33 of
-# eager's time on ORT, 3.3 ms, and in 1.34 ms under plain inductor. The ordinary
-# networks of the zoo run 100 to 400 ops of 0.1 to 2 MFLOP; hf_levit's 154 ops of
-# 21 kFLOP run faster on ORT (488 µs against inductor's 760).
+# And from any share where the graph is a long chain of small ops: at least
+# MANY_OPS computing ops in its ORT regions, doing under SMALL_OP_FLOPS each on
+# average. That is a recurrence unrolled by Dynamo, where ORT pays its per-op
+# cost on every op and inductor fuses them: transformers' RWKV (3595 ops of 22
+# kFLOP) ran in 0.33 of eager's time on ORT, 3.3 ms, and in 1.34 ms under plain
+# inductor. The ordinary networks of the zoo run 100 to 400 ops of 0.1 to 2
+# MFLOP; hf_levit's 154 ops of 21 kFLOP run faster on ORT (488 µs against
+# inductor's 760).
 MANY_OPS = 500
 SMALL_OP_FLOPS = 50_000
 # And from a lower share still where the ORT regions mostly move data: their
