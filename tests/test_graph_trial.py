@@ -25,6 +25,7 @@ from tests.models import ExpertBetweenOnnx
 TRIAL_LENGTH = ROUTED_FIRST_CALLS + 2 * (WARM_CALLS + TIMED_CALLS)
 #: and where inductor is tried: one untimed call that compiles it, then both in turn again
 INDUCTOR_TRIAL_LENGTH = TRIAL_LENGTH + 1 + 2 * (WARM_CALLS + TIMED_CALLS)
+DEFAULT_INDUCTOR_TRIAL_S = graph_trial.INDUCTOR_TRIAL_S  # before any test patches it
 
 
 def small():
@@ -300,6 +301,21 @@ def test_a_graph_timed_whole_is_not_timed_again_in_place(ort_costs, timed):
     (region,) = _regions(graphs)
     assert region.route == "onnxrt" and "whole graph" in region.measured
     assert IN_PLACE not in region.measured
+
+
+@torch.no_grad()
+def test_a_graph_of_a_few_hundred_microseconds_tries_inductor(ort_costs, monkeypatch):
+    """Longformer's embedding graph: 147 µs a call on ORT, 297 as traced, faster
+    under inductor; at a 1 ms threshold inductor was never tried."""
+    monkeypatch.setattr(graph_trial, "INDUCTOR_TRIAL_S", DEFAULT_INDUCTOR_TRIAL_S)
+    ort_costs[:] = [150e-6, 300e-6]
+    ort_costs.inductor = 50e-6
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
+    (region,) = _regions(graphs)
+    assert (region.planned_route, region.route) == ("onnxrt", "inductor")
+    assert region.measured[IN_PLACE] == f"as routed 150.0 µs, as traced 300.0 µs, {ON_INDUCTOR} 50.0 µs"
 
 
 @pytest.fixture
