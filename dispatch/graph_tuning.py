@@ -107,7 +107,7 @@ def whole_graph_check(stitched: StitchedGraph, plan: GraphPlan, config: Config) 
         return None
     if not (config.allows("inductor") and availability(registry.get("inductor")).ok):
         return WholeGraphCheck(stitched, config)
-    return WholeGraphCheck(stitched, config, inductor_past=inductor_past(stitched.runners))
+    return WholeGraphCheck(stitched, config, inductor_past=inductor_past(stitched.runners, work))
 
 
 def cutting_regions_on_inductor(

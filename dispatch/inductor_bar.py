@@ -74,7 +74,7 @@ def many_small_ops(runners: Sequence[RegionRunner]) -> bool:
     """Whether the ONNX Runtime regions among ``runners`` are a long chain of small
     ops (``MANY_OPS``, ``SMALL_OP_FLOPS``): inductor is then timed against them
     however far ORT leads eager."""
-    return _many_small(*_ops_and_work(runners))
+    return _many_small(_onnx_ops(runners), onnx_work(runners))
 
 
 def _many_small(ops: int, work: int | None) -> bool:
@@ -90,11 +90,11 @@ class InductorBar:
     regions: str = ""
 
 
-def inductor_past(runners: Sequence[RegionRunner]) -> InductorBar:
-    """The share of all eager's time past which ORT's regions among ``runners`` are
-    timed against inductor: none for many small ops, lower ones for regions that
-    mostly move data and for fine ops."""
-    ops, work = _ops_and_work(runners)
+def inductor_past(runners: Sequence[RegionRunner], work: int | None) -> InductorBar:
+    """The share of all eager's time past which ORT's regions among ``runners``
+    (doing ``work``, their ``onnx_work``) are timed against inductor: none for many
+    small ops, lower ones for regions that mostly move data and for fine ops."""
+    ops = _onnx_ops(runners)
     if _many_small(ops, work):
         return InductorBar(0.0, "of many small ops")
     if moves_much(runners):
@@ -119,6 +119,5 @@ def moves_much(runners: Sequence[RegionRunner]) -> bool:
     return moved > 0 and moved * 1000 >= MOVED_BYTES_PER_KFLOP * matmul
 
 
-def _ops_and_work(runners: Sequence[RegionRunner]) -> tuple[int, int | None]:
-    ops = sum(r.plan.node_count for r in runners if r.chain[0] == CUTTING_ROUTE)
-    return ops, onnx_work(runners)
+def _onnx_ops(runners: Sequence[RegionRunner]) -> int:
+    return sum(r.plan.node_count for r in runners if r.chain[0] == CUTTING_ROUTE)

@@ -253,19 +253,18 @@ def test_the_share_past_which_inductor_is_timed_follows_the_ops_size():
         INDUCTOR_PAST_EAGER_SHARE_FINE_OPS,
         INDUCTOR_PAST_EAGER_SHARE_MOVING,
         inductor_past,
+        onnx_work,
     )
 
-    assert inductor_past([_as_onnx_region(UnrolledRecurrence(), torch.randn(2, 128, 128))]).share == 0.0
-    assert (
-        inductor_past([_as_onnx_region(FineOps(), torch.randn(64, 128))]).share
-        == INDUCTOR_PAST_EAGER_SHARE_FINE_OPS
-    )
-    assert (
-        inductor_past([_as_onnx_region(PermutedAttention(), torch.randn(64, 4, 64))]).share
-        == INDUCTOR_PAST_EAGER_SHARE_MOVING
-    )
+    def bar(model, *args):
+        regions = [_as_onnx_region(model, *args)]
+        return inductor_past(regions, onnx_work(regions)).share
+
+    assert bar(UnrolledRecurrence(), torch.randn(2, 128, 128)) == 0.0
+    assert bar(FineOps(), torch.randn(64, 128)) == INDUCTOR_PAST_EAGER_SHARE_FINE_OPS
+    assert bar(PermutedAttention(), torch.randn(64, 4, 64)) == INDUCTOR_PAST_EAGER_SHARE_MOVING
     model, args = LARGE
-    assert inductor_past([_as_onnx_region(model, *args)]).share == INDUCTOR_PAST_EAGER_SHARE
+    assert bar(model, *args) == INDUCTOR_PAST_EAGER_SHARE
 
 
 def test_permutes_and_gathers_count_as_data_moved_and_matmuls_as_work():
