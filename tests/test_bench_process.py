@@ -135,3 +135,64 @@ def test_a_zoo_cell_is_warmed_up_before_its_first_timed_batch(monkeypatch):
     assert syncs == [1] and warm_up["warm_up_s"] >= 0
     monkeypatch.setattr(zoo_worker, "WARM_UP_S", 0.0)  # a training step of seconds stops at the cap
     assert zoo_worker._warmed_up(lambda: calls.append(1), lambda: None)["warm_up_calls"] == 0
+
+
+def _zoo_cell(per_call_s, compile_s=0.1, warm_compile_s=None, ok=True):
+    return {
+        "ok": ok,
+        "error": None if ok else "failed",
+        "per_call_s": per_call_s,
+        "compile_s": compile_s,
+        "warm_compile_s": warm_compile_s,
+        "peak_mb": None,
+        "routes": ["onnxrt"],
+    }
+
+
+def test_the_zoo_report_states_auto_against_its_targets():
+    """Rows over 1.05x the best other column (direct ONNX Runtime counted and not),
+    and geomean ratios over the rows where both sides passed."""
+    from benchmarks.zoo.run import markdown, targets
+
+    def row(model, **cells):
+        return {"model": model, "mode": "infer", "cells": cells}
+
+    rows = [
+        row(
+            "a",
+            eager=_zoo_cell(2e-3),
+            inductor=_zoo_cell(1e-3, compile_s=8.0),
+            onnxrt_direct=_zoo_cell(0.5e-3),
+            auto=_zoo_cell(1.04e-3, compile_s=2.0, warm_compile_s=0.5),
+        ),
+        row(
+            "b",
+            eager=_zoo_cell(1e-3),
+            inductor=_zoo_cell(1e-3, compile_s=8.0),
+            onnxrt_direct=_zoo_cell(None, ok=False),
+            auto=_zoo_cell(1.2e-3, compile_s=4.0),
+        ),
+        row("c", eager=_zoo_cell(1e-3), auto=_zoo_cell(None, ok=False)),  # auto failed: not counted
+    ]
+    t = targets(rows, "infer")
+    assert t["rows"] == 2
+    assert t["over_best_other"] == ["a", "b"]
+    assert t["over_best_other_than_direct_ort"] == ["b"]  # a: 1.04 ms against inductor's 1.00
+    # (2/1.04 over 2/1, and 1/1.2 over 1/1), geomean
+    assert t["speedup_over_inductors"] == pytest.approx(((2 / 1.04 / 2) * (1 / 1.2)) ** 0.5)
+    assert t["cold_compile_over_inductors"] == pytest.approx((2 / 8 * 4 / 8) ** 0.5)
+    assert t["warm_over_cold"] == pytest.approx(0.25)  # only a had a warm start
+    report = markdown(
+        {
+            "device": "cpu",
+            "dtype": "float32",
+            "time": "t",
+            "machine": {},
+            "columns": {"infer": ("eager", "inductor", "auto", "onnxrt_direct")},
+            "rows": rows[:2],
+            "summary": {"infer": {}},
+        }
+    )
+    assert "| rows within 1.05x the best other column | 0 of 2 (over: a, b) |" in report
+    assert "| ... the best other than direct ONNX Runtime | 1 of 2 (over: b) |" in report
+    assert "| warm compile over its own cold (geomean) | 0.25x |" in report

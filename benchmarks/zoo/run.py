@@ -11,7 +11,7 @@ per-call median (batches taken in turn across the columns' processes, after
 processes), cold compile (first call, fresh caches),
 warm compile (a second process on the same caches, inductor and auto), peak
 memory (RSS on CPU, allocated GPU memory on CUDA). Per column: pass rate and
-geomean speedup over eager. Writes benchmarks/results/zoo-<device>-<stamp>
+geomean speedup over eager; then auto against its targets (``targets``). Writes benchmarks/results/zoo-<device>-<stamp>
 .json, .md and .png with the machine (CPU model and vector flags; GPU, driver
 and versions). The files are written again after every model, so a run cut
 short (a lent GPU's time running out) keeps the models it finished. Runs
@@ -151,6 +151,86 @@ def summary(rows: list[dict[str, Any]], columns: tuple[str, ...], mode: str) -> 
     return out
 
 
+# auto's targets: per-call time within this factor of the best other column.
+WITHIN = 1.05
+
+
+def targets(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
+    """auto against the zoo's targets, from this run's rows of ``mode``: the rows
+    where auto's per-call time is over ``WITHIN`` times the best other column
+    (and the best other than direct ONNX Runtime, which runs without Dynamo),
+    and, as ratios of geomeans over the rows where both sides passed, its
+    speedup over eager against inductor's, its cold compile against inductor's,
+    and its warm compile against its own cold."""
+    rows = [r for r in rows if r["mode"] == mode and r["cells"]["auto"]["ok"]]
+
+    def cell(row: dict[str, Any], column: str) -> dict[str, Any] | None:
+        found = row["cells"].get(column)
+        return found if found is not None and found["ok"] else None
+
+    def over(row: dict[str, Any], leave_out: str | None) -> bool:
+        others = [
+            c["per_call_s"]
+            for name in row["cells"]
+            if name not in ("auto", leave_out) and (c := cell(row, name)) and c["per_call_s"]
+        ]
+        return bool(others) and row["cells"]["auto"]["per_call_s"] > WITHIN * min(others)
+
+    speedups, colds, warms = [], [], []
+    for row in rows:
+        auto, eager, inductor = row["cells"]["auto"], cell(row, "eager"), cell(row, "inductor")
+        if eager and inductor:
+            speedups.append(
+                (eager["per_call_s"] / auto["per_call_s"], eager["per_call_s"] / inductor["per_call_s"])
+            )
+        if inductor and auto["compile_s"] and inductor["compile_s"]:
+            colds.append((auto["compile_s"], inductor["compile_s"]))
+        if auto["warm_compile_s"] and auto["compile_s"]:
+            warms.append((auto["warm_compile_s"], auto["compile_s"]))
+    return {
+        "rows": len(rows),
+        "over_best_other": [r["model"] for r in rows if over(r, None)],
+        "over_best_other_than_direct_ort": [r["model"] for r in rows if over(r, "onnxrt_direct")]
+        if any("onnxrt_direct" in r["cells"] for r in rows)
+        else None,
+        "speedup_over_inductors": _geomean_ratio(speedups),
+        "cold_compile_over_inductors": _geomean_ratio(colds),
+        "warm_over_cold": _geomean_ratio(warms),
+    }
+
+
+def _geomean_ratio(pairs: list[tuple[float, float]]) -> float | None:
+    """The geomean of the first members over that of the second (None for no pairs)."""
+    if not pairs:
+        return None
+    return math.exp(sum(math.log(a) - math.log(b) for a, b in pairs) / len(pairs))
+
+
+def _targets_lines(t: dict[str, Any]) -> list[str]:
+    def x(value: float | None) -> str:
+        return f"{value:.2f}x" if value is not None else "-"
+
+    def listed(names: list[str]) -> str:
+        return f"{t['rows'] - len(names)} of {t['rows']}" + (f" (over: {', '.join(names)})" if names else "")
+
+    lines = [
+        "",
+        "| auto | this run |",
+        "|---|---|",
+        f"| rows within {WITHIN}x the best other column | {listed(t['over_best_other'])} |",
+    ]
+    if t["over_best_other_than_direct_ort"] is not None:
+        lines.append(
+            f"| ... the best other than direct ONNX Runtime | {listed(t['over_best_other_than_direct_ort'])} |"
+        )
+    lines += [
+        f"| geomean speedup over eager, over inductor's | {x(t['speedup_over_inductors'])} |",
+        f"| cold compile over inductor's (geomean) | {x(t['cold_compile_over_inductors'])} |",
+        f"| warm compile over its own cold (geomean) | {x(t['warm_over_cold'])} |",
+    ]
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     lines = [f"# Model zoo, {result['device']} {result['dtype']}, {result['time']}", ""]
@@ -200,6 +280,7 @@ def markdown(result: dict[str, Any]) -> str:
             rate = f"{s['pass_rate']:.0%}" if s["pass_rate"] is not None else "-"
             geo = f"{s['geomean_speedup_over_eager']:.2f}x" if s["geomean_speedup_over_eager"] else "-"
             lines.append(f"| {column} | {rate} | {geo} |")
+        lines += _targets_lines(targets(result["rows"], mode))
     return "\n".join(lines) + "\n"
 
 
@@ -315,6 +396,7 @@ def write(result: dict[str, Any], base: Path) -> None:
     result["summary"] = {
         mode: summary(result["rows"], cols, mode) for mode, cols in result["columns"].items()
     }
+    result["targets"] = {mode: targets(result["rows"], mode) for mode in result["columns"]}
     RESULTS.mkdir(parents=True, exist_ok=True)
     base.with_suffix(".json").write_text(json.dumps(result, indent=2))
     base.with_suffix(".md").write_text(markdown(result))
