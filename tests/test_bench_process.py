@@ -62,6 +62,7 @@ class _FakeCell:
     folder's name (one per process), and it records the folder it was given."""
 
     started: list[list[str]] = []
+    events: list[tuple[str, str]] = []  # (what happened, the cell's column)
     speed = {"eager#0": 2e-3, "eager#1": 1e-3, "auto#0": 1.5e-3, "auto#1": 3e-3}
 
     def __init__(self, module, args, ready_prefix, log=None, gated=False) -> None:
@@ -74,6 +75,7 @@ class _FakeCell:
         pass
 
     def release(self) -> None:
+        _FakeCell.events.append(("compile", self.args[1]))
         self.ready = {
             "ok": True,
             "accurate": True,
@@ -88,6 +90,7 @@ class _FakeCell:
         pass
 
     def close(self) -> float:
+        _FakeCell.events.append(("end", self.args[1]))
         # A trial moved the region after the first call (the worker reports the routes at the end).
         self.final = {"peak_rss_mb": 100.0, "routes": ["inductor"], "warm_up_s": 2.0}
         return 100.0
@@ -196,3 +199,28 @@ def test_the_zoo_report_states_auto_against_its_targets():
     assert "| rows within 1.05x the best other column | 0 of 2 (over: a, b) |" in report
     assert "| ... the best other than direct ONNX Runtime | 1 of 2 (over: b) |" in report
     assert "| warm compile over its own cold (geomean) | 0.25x |" in report
+
+
+def test_a_zoo_warm_start_compiles_after_the_one_before_it_ended(monkeypatch):
+    """A process that is ending (inductor's compile pool shutting down) takes cores
+    from a warm start compiling beside it."""
+    import argparse
+
+    import benchmarks.zoo.run as zoo_run
+
+    monkeypatch.setattr(zoo_run, "Worker", _FakeCell)
+    monkeypatch.setattr(zoo_run, "WARM", ("eager", "auto"))
+    _FakeCell.started, _FakeCell.events = [], []
+    args = argparse.Namespace(
+        processes=1,
+        device="cpu",
+        dtype="float32",
+        logs=None,
+        compile_together=False,
+        seconds=0.0,
+        no_warm=False,
+    )
+    zoo_run.run_model("inplace_input", "infer", ("eager", "auto"), args)
+    cold = [("compile", "eager"), ("compile", "auto"), ("end", "eager"), ("end", "auto")]
+    warm = [("compile", "eager"), ("end", "eager"), ("compile", "auto"), ("end", "auto")]
+    assert _FakeCell.events == cold + warm
