@@ -31,8 +31,9 @@ cached: a warm start where the traced graph won compiles nothing for it.
 
 A graph that does little work and still takes ``INDUCTOR_TRIAL_S`` or more a
 call on the faster side, with ORT not far ahead of the traced graph
-(``INDUCTOR_PAST_ROUTED_SHARE``) or its ORT regions many small ops
-(``inductor_bar.many_small_ops``), is bound by its count of ops, not its work: a
+(``INDUCTOR_PAST_ROUTED_SHARE``), its ORT regions many small ops
+(``inductor_bar.many_small_ops``) or without a matmul or a convolution
+(``inductor_bar.without_matmuls``), is bound by its count of ops, not its work: a
 recurrence unrolled into hundreds of small ops (transformers' Mamba without its
 CUDA kernels: 23 MFLOPs, 8.3 ms a call as traced and 6.3 on ORT, 4.3 under
 plain inductor, which fuses them). There the trial goes on: the graph is
@@ -68,7 +69,7 @@ from .graph_tuning import (
     run_whole_on_inductor,
     whole_graph_on_inductor,
 )
-from .inductor_bar import CUTTING_ROUTE, many_small_ops
+from .inductor_bar import CUTTING_ROUTE, many_small_ops, without_matmuls
 from .planner import availability
 from .region import GraphPlan
 from .routes import CompiledFn, registry
@@ -242,7 +243,11 @@ class InPlaceTrial:
             if (
                 self.inductor
                 and seconds[self.leader] >= INDUCTOR_TRIAL_S
-                and (share >= INDUCTOR_PAST_ROUTED_SHARE or many_small_ops(self.runners))
+                and (
+                    share >= INDUCTOR_PAST_ROUTED_SHARE
+                    or many_small_ops(self.runners)
+                    or without_matmuls(self.runners)
+                )
             ):
                 self.timing = [ON_INDUCTOR, self.leader]
                 self.times = {ON_INDUCTOR: [], self.leader: []}
