@@ -108,14 +108,10 @@ def moves_much(runners: Sequence[RegionRunner]) -> bool:
     """Whether the ONNX Runtime regions among ``runners`` move at least
     ``MOVED_BYTES_PER_KFLOP`` bytes per thousand matmul FLOPs; False where a size is
     symbolic."""
-    moved = matmul = 0
-    for runner in runners:
-        if runner.chain[0] != CUTTING_ROUTE:
-            continue
-        counts = data_moved(runner.gm)
-        if counts is None:
-            return False
-        moved, matmul = moved + counts[0], matmul + counts[1]
+    counts = _onnx_data_moved(runners)
+    if counts is None:
+        return False
+    moved, matmul = counts
     return moved > 0 and moved * 1000 >= MOVED_BYTES_PER_KFLOP * matmul
 
 
@@ -125,16 +121,23 @@ def without_matmuls(runners: Sequence[RegionRunner]) -> bool:
     embedding graph (gathers, adds, a layer norm; 31 ops) ran on ORT in 0.42 to
     0.55 of the traced graph's time, from one process to the next, and in 2.2x
     inductor's (124-147 against 56-58 µs), which fuses it into a few loops.
-    False where a size is symbolic."""
-    found = False
+    False where there is no such region or a size is symbolic."""
+    counts = _onnx_data_moved(runners)
+    return counts is not None and counts[1] == 0 and any(r.chain[0] == CUTTING_ROUTE for r in runners)
+
+
+def _onnx_data_moved(runners: Sequence[RegionRunner]) -> tuple[int, int] | None:
+    """``work.data_moved`` summed over the ONNX Runtime regions among ``runners``
+    ((0, 0) with none); None where a size is symbolic."""
+    moved = matmul = 0
     for runner in runners:
         if runner.chain[0] != CUTTING_ROUTE:
             continue
         counts = data_moved(runner.gm)
-        if counts is None or counts[1] > 0:
-            return False
-        found = True
-    return found
+        if counts is None:
+            return None
+        moved, matmul = moved + counts[0], matmul + counts[1]
+    return moved, matmul
 
 
 def _onnx_ops(runners: Sequence[RegionRunner]) -> int:

@@ -96,19 +96,12 @@ class _FakeCell:
         return 100.0
 
 
-def test_each_zoo_column_runs_in_its_own_processes_and_shows_the_fastest(monkeypatch):
-    """``--processes 2``: every process has fresh caches of its own, the cell is the
-    fastest process's median with every process's kept, and the warm start reuses
-    the first process's caches."""
+def _zoo_args(processes):
+    """The zoo runner's arguments for a CPU run, warm starts on, nothing logged."""
     import argparse
 
-    import benchmarks.zoo.run as zoo_run
-
-    monkeypatch.setattr(zoo_run, "Worker", _FakeCell)
-    monkeypatch.setattr(zoo_run, "WARM", ("auto",))
-    _FakeCell.started = []
-    args = argparse.Namespace(
-        processes=2,
+    return argparse.Namespace(
+        processes=processes,
         device="cpu",
         dtype="float32",
         logs=None,
@@ -116,6 +109,18 @@ def test_each_zoo_column_runs_in_its_own_processes_and_shows_the_fastest(monkeyp
         seconds=0.0,
         no_warm=False,
     )
+
+
+def test_each_zoo_column_runs_in_its_own_processes_and_shows_the_fastest(monkeypatch):
+    """``--processes 2``: every process has fresh caches of its own, the cell is the
+    fastest process's median with every process's kept, and the warm start reuses
+    the first process's caches."""
+    import benchmarks.zoo.run as zoo_run
+
+    monkeypatch.setattr(zoo_run, "Worker", _FakeCell)
+    monkeypatch.setattr(zoo_run, "WARM", ("auto",))
+    _FakeCell.started = []
+    args = _zoo_args(processes=2)
     row = zoo_run.run_model("inplace_input", "infer", ("eager", "auto"), args)
     eager, auto = row["cells"]["eager"], row["cells"]["auto"]
     assert (eager["per_call_s"], sorted(eager["per_call_runs_s"])) == (1e-3, [1e-3, 2e-3])
@@ -204,22 +209,12 @@ def test_the_zoo_report_states_auto_against_its_targets():
 def test_a_zoo_warm_start_compiles_after_the_one_before_it_ended(monkeypatch):
     """A process that is ending (inductor's compile pool shutting down) takes cores
     from a warm start compiling beside it."""
-    import argparse
-
     import benchmarks.zoo.run as zoo_run
 
     monkeypatch.setattr(zoo_run, "Worker", _FakeCell)
     monkeypatch.setattr(zoo_run, "WARM", ("eager", "auto"))
     _FakeCell.started, _FakeCell.events = [], []
-    args = argparse.Namespace(
-        processes=1,
-        device="cpu",
-        dtype="float32",
-        logs=None,
-        compile_together=False,
-        seconds=0.0,
-        no_warm=False,
-    )
+    args = _zoo_args(processes=1)
     zoo_run.run_model("inplace_input", "infer", ("eager", "auto"), args)
     cold = [("compile", "eager"), ("compile", "auto"), ("end", "eager"), ("end", "auto")]
     warm = [("compile", "eager"), ("end", "eager"), ("compile", "auto"), ("end", "auto")]

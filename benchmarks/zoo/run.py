@@ -170,12 +170,8 @@ def targets(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
         return found if found is not None and found["ok"] else None
 
     def over(row: dict[str, Any], leave_out: str | None) -> bool:
-        others = [
-            c["per_call_s"]
-            for name in row["cells"]
-            if name not in ("auto", leave_out) and (c := cell(row, name)) and c["per_call_s"]
-        ]
-        return bool(others) and row["cells"]["auto"]["per_call_s"] > WITHIN * min(others)
+        best = _best_other(row, leave_out)
+        return best is not None and row["cells"]["auto"]["per_call_s"] > WITHIN * best
 
     speedups, colds, warms = [], [], []
     for row in rows:
@@ -287,15 +283,21 @@ def markdown(result: dict[str, Any]) -> str:
 
 def _ratio(row: dict[str, Any]) -> str:
     """auto's per-call time over the fastest column that passed and is not auto's own."""
-    cells = row["cells"]
+    best = _best_other(row)
+    if not row["cells"]["auto"]["ok"] or best is None:
+        return "-"
+    return f"{row['cells']['auto']['per_call_s'] / best:.2f}x"
+
+
+def _best_other(row: dict[str, Any], leave_out: str | None = None) -> float | None:
+    """The fastest per-call time among the row's columns that passed, other than
+    auto's own and ``leave_out``; None where there is none."""
     others = [
         c["per_call_s"]
-        for name, c in cells.items()
-        if not name.startswith("auto") and c["ok"] and c["per_call_s"]
+        for name, c in row["cells"].items()
+        if not name.startswith("auto") and name != leave_out and c["ok"] and c["per_call_s"]
     ]
-    if not cells["auto"]["ok"] or not others:
-        return "-"
-    return f"{cells['auto']['per_call_s'] / min(others):.2f}x"
+    return min(others) if others else None
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
