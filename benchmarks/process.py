@@ -8,6 +8,7 @@ then asks it for batches of calls: a line ``N`` runs N calls and answers
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -20,6 +21,17 @@ ROOT = Path(__file__).parent.parent
 SPIN_DOWN_S = 0.25
 #: what a gated worker prints once loaded, before it waits for ``go``
 LOADED = "WORKER_LOADED"
+
+
+def collect_set_up_garbage() -> None:
+    """A full garbage collection just before a timed compile.
+
+    A cell's set-up (the model, its fp64 copy, the reference calls) leaves
+    objects that Python's next full collection walks: 0.2-0.3 s in a process
+    holding torch and transformers. Without this it landed inside whichever
+    compile was timed next (0.19 of auto's 0.34 s warm start on python_loop),
+    so a compile time read the harness's garbage as the backend's."""
+    gc.collect()
 
 
 class Worker:

@@ -31,6 +31,7 @@ from dispatch.record import recorder
 from . import columns
 from .accuracy import accurate
 from .models import build
+from .process import collect_set_up_garbage
 
 
 def _warm_up_process() -> None:
@@ -77,6 +78,7 @@ def main(model_name: str, column: str, cache_dir: str | None = None) -> None:
     with torch.no_grad():
         fp64 = copy.deepcopy(model).double()(*(t.double() for t in inputs))
         expected = model(*inputs)
+        collect_set_up_garbage()
         start = time.perf_counter()
         try:
             with recorder.recording() as plans:

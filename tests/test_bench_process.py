@@ -219,3 +219,32 @@ def test_a_zoo_warm_start_compiles_after_the_one_before_it_ended(monkeypatch):
     cold = [("compile", "eager"), ("compile", "auto"), ("end", "eager"), ("end", "auto")]
     warm = [("compile", "eager"), ("end", "eager"), ("compile", "auto"), ("end", "auto")]
     assert _FakeCell.events == cold + warm
+
+
+def test_a_zoo_cell_collects_its_set_ups_garbage_before_the_timed_compile(monkeypatch):
+    # The set-up's garbage used to be walked by the first full collection inside
+    # the timed compile: 0.19 s of auto's 0.34 s warm start on python_loop.
+    import gc
+    import io
+    import weakref
+
+    from benchmarks.zoo import worker
+
+    class Cycle:
+        pass
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("go\n"))
+    monkeypatch.setattr("sys.__stdout__", io.StringIO())
+    enabled = gc.isenabled()
+    gc.disable()  # no automatic collection may free it instead
+    try:
+        garbage = Cycle()
+        garbage.itself = garbage
+        alive = weakref.ref(garbage)
+        del garbage
+        assert alive() is not None
+        worker._loaded()
+        assert alive() is None
+    finally:
+        if enabled:
+            gc.enable()

@@ -35,7 +35,7 @@ from dispatch.record import recorder
 from dispatch.region import region_table
 
 from ..accuracy import accurate, floating_leaves, fp64_truth
-from ..process import LOADED
+from ..process import LOADED, collect_set_up_garbage
 from . import columns
 from .wider import EVERY_MODEL
 
@@ -81,11 +81,13 @@ def _peak_mb(device: str) -> float:
 
 
 def _loaded() -> None:
-    """Says the cell is built and waits for ``go``: the runner lets cells compile in turn."""
+    """Says the cell is built and waits for ``go``: the runner lets cells compile in turn.
+    Then collects the set-up's garbage, so that the compile timed next does not walk it."""
     sys.__stdout__.write(LOADED + "\n")
     sys.__stdout__.flush()
     if sys.stdin.readline().strip() != "go":
         sys.exit(0)
+    collect_set_up_garbage()
 
 
 def _routes(plans) -> list[str]:
