@@ -120,7 +120,7 @@ def test_inductor_is_not_compiled_where_onnx_runs_the_cut_graph_well_under_its_b
     assert [r.route for r in _onnx_regions(explanation)] == ["onnxrt", "onnxrt"]
     assert (
         "inductor not compiled: as routed took 0.50 of all eager's time, at most 0.8"
-        in (explanation.regions[0].measured["whole graph"])
+        in explanation.regions[0].measured["whole graph"]
     )
 
 
