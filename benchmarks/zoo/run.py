@@ -13,8 +13,9 @@ warm compile (a second process on the same caches, inductor and auto), peak
 memory (RSS on CPU, allocated GPU memory on CUDA). Per column: pass rate and
 geomean speedup over eager; then auto against its targets (``targets``).
 Writes benchmarks/results/zoo-<device>-<stamp>.json, .md and .png with the
-machine (CPU model and vector flags; GPU, driver and versions). The files are written again after every model, so a run cut
-short (a lent GPU's time running out) keeps the models it finished. Runs
+machine (CPU model and vector flags; GPU, driver and versions). The files
+are written again after every model, so a run cut short (a lent GPU's time
+running out) keeps the models it finished. Runs
 without nox on a machine whose Python has torch, transformers and timm:
 nothing is downloaded.
 """
