@@ -113,6 +113,7 @@ INDUCTOR_PAST_ROUTED_SHARE = 0.5  # unless its ORT regions are many small ops (g
 # 761 µs against plain inductor's 672.
 INDUCTOR_OVER_ROUTED_MARGIN = 1.0
 _KIND = "in-place-trial"
+TRACED_WON = "traced won"  # a decision's note: why the routed program lost to the traced graph
 
 
 def in_place_trial(
@@ -265,6 +266,8 @@ class InPlaceTrial:
         if on_inductor is not None:
             decision[label] = on_inductor
         decision["winner"] = label if winner == ON_INDUCTOR else winner
+        if winner == AS_TRACED:
+            decision[TRACED_WON] = _traced_won(self.first_round[AS_ROUTED], self.first_round[AS_TRACED])
         self.cache.put_json(_KIND, self.key, decision)
         self._apply(decision, cached=False)
 
@@ -336,7 +339,8 @@ class InPlaceTrial:
         for runner in self.runners:
             runner.run.measured[IN_PLACE] = line
             if winner == AS_TRACED and runner.chain[0] != "eager":
-                runner.run_eager(f"slower in place than the graph as traced, by measurement: {line}")
+                why = decision.get(TRACED_WON, "slower in place than the graph as traced")
+                runner.run_eager(f"{why}, by measurement: {line}")
             elif winner == ON_INDUCTOR and runner.chain[0] == CUTTING_ROUTE:
                 # From the cache, compiled on the region's next call (inductor's own cache serves it).
                 reason = f"slower in place than on inductor, by measurement: {line}"
@@ -345,6 +349,17 @@ class InPlaceTrial:
         self.chosen = self.sides[AS_ROUTED if winner == ON_INDUCTOR else winner]
         self.sides = {winner: self.chosen}  # the loser's memory goes with it
         self.on_inductor = self.whole = None
+
+
+def _traced_won(routed_s: float, traced_s: float) -> str:
+    """Why the routed program, at ``routed_s`` a call, lost to the traced graph at
+    ``traced_s``: it was slower, or not faster by the margin it must win by."""
+    if routed_s >= traced_s:
+        return "slower in place than the graph as traced"
+    return (
+        f"in place, under {1 - ROUTED_MARGIN:.0%} faster than the graph as traced, the margin "
+        "that pays for the thread pools it wakes for the code after it"
+    )
 
 
 class TrialSlot:
