@@ -11,7 +11,8 @@ patterns of ``patterns.py`` (recurrent layers, a U-Net, top-k and scatter,
 masked attention, ...), since its second sweep Qwen3, Gemma 2, ModernBERT,
 Mamba, GPT-BigCode and EVA-02, and the third sweep's 18 and two mixtures of
 experts, OLMoE and Qwen2-MoE (``third_sweep.py``), and the fourth sweep's 23
-(``fourth_sweep.py``: Whisper, DETR, Longformer, RWKV, ...).
+(``fourth_sweep.py``: Whisper, DETR, Longformer, RWKV, ...), and the fifth
+sweep's 36 (``fifth_sweep.py``: Gemma 3, DeepSeek-V3, Jamba, Funnel, LED, ...).
 Same rules: config objects, random weights, nothing downloaded.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from .fifth_sweep import FIFTH_SWEEP
 from .fourth_sweep import FOURTH_SWEEP
 from .models import _SMALL_VISION, _TEXT_FFN, IMAGE, VOCAB, ZOO, ZooModel, _audio, _hf, _image, _timm, _tokens
 from .patterns import PATTERNS
@@ -282,6 +284,7 @@ WIDER: dict[str, ZooModel] = {
         *(ZooModel(name, "pattern", build) for name, build in PATTERNS.items()),
         *THIRD_SWEEP.values(),
         *FOURTH_SWEEP.values(),
+        *FIFTH_SWEEP.values(),
     )
 }
 
