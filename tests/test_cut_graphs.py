@@ -109,6 +109,28 @@ def test_onnx_regions_stay_where_they_run_the_graph_faster(timed):
     torch.testing.assert_close(compiled(*INPUT), model(*INPUT), **CLOSE)
 
 
+@pytest.mark.parametrize(
+    "timed, route",
+    [
+        ({"as routed": 2.0, WHOLE: 2.08}, "inductor"),  # within 5%: a near tie
+        ({"as routed": 2.0, WHOLE: 2.12}, "onnxrt"),
+    ],
+    indirect=["timed"],
+)
+@torch.no_grad()
+def test_inductor_takes_a_near_tie_with_the_graph_as_routed(timed, route):
+    """Jamba kept ORT at 2.64 ms against inductor's 2.72 in one process and ran
+    2.17x plain inductor's time; as routed, it measured 2.55-6.22 ms across four."""
+    explanation = _explained(ExpertBetweenOnnx(WIDE).eval())
+    regions = _onnx_regions(explanation)
+    assert [r.route for r in regions] == [route, route]
+    if route == "inductor":  # explain does not call the graph as routed slower
+        line = f"as routed 2.00 ms, all eager 2.00 ms, {WHOLE} 2.08 ms"
+        assert regions[0].rejected["onnxrt"] == (
+            f"{WHOLE} within 5% of the graph as routed, a near tie that inductor takes: {line}"
+        )
+
+
 @pytest.mark.parametrize("timed", [{"as routed": 1.0, WHOLE: 0.5}], indirect=True)
 @torch.no_grad()
 def test_inductor_is_not_compiled_where_onnx_runs_the_cut_graph_well_under_its_bar(timed, route_compiles):
