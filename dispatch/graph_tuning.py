@@ -273,7 +273,7 @@ class WholeGraphCheck:
                     )
             decision = {name: autotune.format_seconds(s) for name, s in seconds.items()}
             decision["winner"] = _winner(seconds)
-            if seconds.get(decision["winner"], 0.0) > min(seconds.values()):
+            if seconds[decision["winner"]] > min(seconds.values()):
                 decision[NEAR_TIE] = (
                     f"{decision['winner']} within {INDUCTOR_TIE - 1:.0%} of the graph as routed, "
                     "a near tie that inductor takes"
