@@ -19,6 +19,7 @@ from functools import partial
 
 from .models import (
     _SEQ2SEQ,
+    _SMALL_SWIN,
     _SMALL_VISION,
     _TEXT_FFN,
     IMAGE,
@@ -158,17 +159,7 @@ FIFTH_SWEEP: dict[str, ZooModel] = {
         ZooModel(
             "hf_swinv2",
             "transformers",
-            _hf(
-                "Swinv2Model",
-                "Swinv2Config",
-                _image,
-                image_size=IMAGE,
-                patch_size=4,
-                embed_dim=32,
-                depths=[1, 1],
-                num_heads=[2, 4],
-                window_size=4,
-            ),
+            _hf("Swinv2Model", "Swinv2Config", _image, **_SMALL_SWIN),
         ),
         ZooModel(
             "hf_poolformer",

@@ -77,6 +77,15 @@ _SMALL_VISION = {
     "image_size": IMAGE,
     "patch_size": 16,
 }
+# A two-stage Swin (V1 and V2 alike) on the zoo's images: windows of 4 patches of 4 pixels.
+_SMALL_SWIN = {
+    "image_size": IMAGE,
+    "patch_size": 4,
+    "embed_dim": 32,
+    "depths": [1, 1],
+    "num_heads": [2, 4],
+    "window_size": 4,
+}
 _SEQ2SEQ = {
     "vocab_size": VOCAB,
     "d_model": 128,

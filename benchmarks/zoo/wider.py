@@ -22,7 +22,20 @@ from functools import partial
 
 from .fifth_sweep import FIFTH_SWEEP
 from .fourth_sweep import FOURTH_SWEEP
-from .models import _SMALL_VISION, _TEXT_FFN, IMAGE, VOCAB, ZOO, ZooModel, _audio, _hf, _image, _timm, _tokens
+from .models import (
+    _SMALL_SWIN,
+    _SMALL_VISION,
+    _TEXT_FFN,
+    IMAGE,
+    VOCAB,
+    ZOO,
+    ZooModel,
+    _audio,
+    _hf,
+    _image,
+    _timm,
+    _tokens,
+)
 from .patterns import PATTERNS
 from .third_sweep import THIRD_SWEEP
 
@@ -81,17 +94,7 @@ WIDER: dict[str, ZooModel] = {
         ZooModel(
             "hf_swin",
             "transformers",
-            _hf(
-                "SwinModel",
-                "SwinConfig",
-                _image,
-                image_size=IMAGE,
-                patch_size=4,
-                embed_dim=32,
-                depths=[1, 1],
-                num_heads=[2, 4],
-                window_size=4,
-            ),
+            _hf("SwinModel", "SwinConfig", _image, **_SMALL_SWIN),
         ),
         ZooModel(
             "hf_clip_vision", "transformers", _hf("CLIPVisionModel", "CLIPVisionConfig", _image, **_VISION)
