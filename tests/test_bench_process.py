@@ -247,3 +247,38 @@ def test_a_zoo_cell_collects_its_set_ups_garbage_before_the_timed_compile(monkey
     finally:
         if enabled:
             gc.enable()
+
+
+def test_in_turn_rotates_the_columns_each_round_on_fresh_caches_and_reports_a_failing_one(
+    monkeypatch, tmp_path
+):
+    """A lent GPU's side-by-side timing: one column's failure is that column's row, the
+    rest are timed; no column always runs right after another; each compiles on caches
+    of its own, so none loads an earlier one's compile from disk."""
+    import os
+
+    import torch
+
+    from benchmarks.zoo import in_turn
+
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "DISPATCH_CACHE_DIR"):
+        monkeypatch.setenv(variable, str(tmp_path))  # restored after the test
+    monkeypatch.setattr(in_turn, "ROUNDS", 3)
+    monkeypatch.setattr(in_turn, "CALLS", 2)
+    monkeypatch.setattr(in_turn, "WARM_UP_CALLS", 1)
+    order, caches = [], []
+
+    def inference(column, model, inputs):
+        if column == "broken":
+            raise ValueError("no such column")
+        caches.append(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        return lambda: (order.append(column), model(*inputs))[1]
+
+    monkeypatch.setattr(in_turn.columns, "inference", inference)
+    row = in_turn.model_row("graph_break", "cpu", torch.float32, ("a", "broken", "b"))
+
+    assert row["columns"]["broken"] == {"error": "ValueError: no such column"}
+    assert all(row["columns"][c]["accurate"] and row["columns"][c]["us"] > 0 for c in "ab")
+    assert len(set(caches)) == 2 and str(tmp_path) not in caches
+    timed = order[4:]  # after each column's first call and warm-up
+    assert timed == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
