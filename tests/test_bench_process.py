@@ -275,10 +275,12 @@ def test_in_turn_rotates_the_columns_each_round_on_fresh_caches_and_reports_a_fa
         return lambda: (order.append(column), model(*inputs))[1]
 
     monkeypatch.setattr(in_turn.columns, "inference", inference)
-    row = in_turn.model_row("graph_break", "cpu", torch.float32, ("a", "broken", "b"))
+    row = in_turn.model_row("graph_break", "cpu", torch.float32, ("a", "broken", "b"), profiled=1)
 
     assert row["columns"]["broken"] == {"error": "ValueError: no such column"}
     assert all(row["columns"][c]["accurate"] and row["columns"][c]["us"] > 0 for c in "ab")
     assert len(set(caches)) == 2 and str(tmp_path) not in caches
-    timed = order[4:]  # after each column's first call and warm-up
+    timed = order[4:16]  # after each column's first call and warm-up
     assert timed == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
+    assert order[16:] == ["a", "b"] and set(row["profiles"]) == {"a", "b"}
+    assert "aten::mean" in row["profiles"]["a"]  # the model's own ops, as the profiler saw them

@@ -65,9 +65,27 @@ def _peak_mb(before: int) -> float:
     return (torch.cuda.max_memory_allocated() - before) / 2**20 if torch.cuda.is_available() else 0.0
 
 
-def model_row(name: str, device: str, dtype: torch.dtype, chosen: tuple[str, ...]) -> dict[str, Any]:
+def profile_table(fn: Any, calls: int, device: str) -> str:
+    """torch.profiler's table of ``calls`` calls of ``fn``, by self CPU time: on a
+    host-bound replay, where the host's time per call goes (the launches and
+    allocations a column adds), with the device's time beside it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+
+
+def model_row(
+    name: str, device: str, dtype: torch.dtype, chosen: tuple[str, ...], profiled: int = 0
+) -> dict[str, Any]:
     """One model's columns: compile time, accuracy, the memory its compile and
-    warm-up added, and the median per-call time of batches taken in turn."""
+    warm-up added, and the median per-call time of batches taken in turn; with
+    ``profiled`` calls, each column's profiler table under ``row["profiles"]``."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     model, inputs = EVERY_MODEL[name].build()
     model.eval()
@@ -114,6 +132,8 @@ def model_row(name: str, device: str, dtype: torch.dtype, chosen: tuple[str, ...
                     fn()
                 sync()
                 samples[column].append((time.perf_counter() - start) / CALLS * 1e6)
+        if profiled:
+            row["profiles"] = {c: profile_table(fn, profiled, device) for c, fn in runs.items()}
     for column, times in samples.items():
         row["columns"][column]["us"] = round(statistics.median(times), 1)
         row["columns"][column]["spread_us"] = [round(min(times), 1), round(max(times), 1)]
@@ -127,13 +147,20 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
     parser.add_argument("--columns", default=",".join(COLUMNS))
     parser.add_argument("--out", default=".")
+    parser.add_argument(
+        "--profile", type=int, default=0, help="calls per column under torch.profiler, to DIR/profiles.txt"
+    )
     args = parser.parse_args()
     out = Path(args.out) / "in_turn.jsonl"
     for name in args.models.split(","):
         torch._dynamo.reset()
         start = time.perf_counter()
-        row = model_row(name, args.device, getattr(torch, args.dtype), tuple(args.columns.split(",")))
+        chosen = tuple(args.columns.split(","))
+        row = model_row(name, args.device, getattr(torch, args.dtype), chosen, args.profile)
         row["wall_s"] = round(time.perf_counter() - start, 1)
+        with (Path(args.out) / "profiles.txt").open("a") as f:
+            for column, table in row.pop("profiles", {}).items():
+                f.write(f"== {name} {args.dtype} {column}, {args.profile} calls\n{table}\n")
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
