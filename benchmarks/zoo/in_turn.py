@@ -61,8 +61,8 @@ def _fresh_caches() -> None:
         os.environ[variable] = os.path.join(root, folder)
 
 
-def _peak_mb(before: int) -> float:
-    return (torch.cuda.max_memory_allocated() - before) / 2**20 if torch.cuda.is_available() else 0.0
+def _peak_mb(before: int, device: str) -> float:
+    return (torch.cuda.max_memory_allocated() - before) / 2**20 if device == "cuda" else 0.0
 
 
 def profile_table(fn: Any, calls: int, device: str) -> str:
@@ -116,7 +116,7 @@ def model_row(
                 for _ in range(WARM_UP_CALLS):
                     fn()
                 sync()
-                cell["added_mb"] = round(_peak_mb(before), 1)
+                cell["added_mb"] = round(_peak_mb(before, device), 1)
                 runs[column] = fn
             except Exception as error:  # one failing column is reported, the rest run
                 cell["error"] = f"{type(error).__name__}: {str(error)[:300]}"
@@ -151,6 +151,7 @@ def main() -> None:
         "--profile", type=int, default=0, help="calls per column under torch.profiler, to DIR/profiles.txt"
     )
     args = parser.parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     out = Path(args.out) / "in_turn.jsonl"
     for name in args.models.split(","):
         torch._dynamo.reset()
@@ -158,9 +159,11 @@ def main() -> None:
         chosen = tuple(args.columns.split(","))
         row = model_row(name, args.device, getattr(torch, args.dtype), chosen, args.profile)
         row["wall_s"] = round(time.perf_counter() - start, 1)
-        with (Path(args.out) / "profiles.txt").open("a") as f:
-            for column, table in row.pop("profiles", {}).items():
-                f.write(f"== {name} {args.dtype} {column}, {args.profile} calls\n{table}\n")
+        profiles = row.pop("profiles", {})
+        if profiles:
+            with (Path(args.out) / "profiles.txt").open("a") as f:
+                for column, table in profiles.items():
+                    f.write(f"== {name} {args.dtype} {column}, {args.profile} calls\n{table}\n")
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
