@@ -32,21 +32,15 @@ from typing import Any
 
 import torch
 
-from ..accuracy import accurate, fp64_truth
+from ..accuracy import accurate
 from . import columns
 from .wider import EVERY_MODEL
+from .worker import fp64_inference, moved
 
 COLUMNS = ("auto", "auto_reduce_overhead", "reduce_overhead", "inductor", "eager")
 ROUNDS = 8
 CALLS = 100
 WARM_UP_CALLS = 50
-
-
-def _moved(model: torch.nn.Module, inputs: tuple[Any, ...], device: str, dtype: torch.dtype) -> Any:
-    model = model.to(device=device, dtype=dtype).eval()
-    return model, tuple(
-        t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype) for t in inputs
-    )
 
 
 def _fresh_caches() -> None:
@@ -91,12 +85,8 @@ def model_row(
     model.eval()
     row: dict[str, Any] = {"model": name, "dtype": str(dtype).removeprefix("torch."), "columns": {}}
     with torch.no_grad(), redirect_stdout(io.StringIO()):
-        fp64 = fp64_truth(
-            lambda: copy.deepcopy(model).double()(
-                *(t.double() if t.is_floating_point() else t for t in inputs)
-            )
-        )
-        model, inputs = _moved(model, inputs, device, dtype)
+        fp64 = fp64_inference(model, inputs)
+        model, inputs = moved(model, inputs, device, dtype)
         reference = copy.deepcopy(model)(*inputs)
         runs = {}
         for column in chosen:

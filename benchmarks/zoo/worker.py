@@ -43,10 +43,18 @@ WARM_UP_CALLS = 150
 WARM_UP_S = 120.0  # a cap for the slowest cells (a training step of seconds)
 
 
-def _moved(model, inputs, device, dtype):
+def moved(model, inputs, device, dtype):
+    """``model`` and its floating inputs in ``dtype`` on ``device`` (other inputs keep theirs)."""
     model = model.to(device=device, dtype=dtype)
     return model, tuple(
         t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype) for t in inputs
+    )
+
+
+def fp64_inference(model, inputs):
+    """The truth for an inference cell: a copy of ``model`` run in float64, or None (``fp64_truth``)."""
+    return fp64_truth(
+        lambda: copy.deepcopy(model).double()(*(t.double() if t.is_floating_point() else t for t in inputs))
     )
 
 
@@ -134,7 +142,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
                         "eager",
                     )
                 )
-                model, inputs = _moved(model, inputs, device, dtype)
+                model, inputs = moved(model, inputs, device, dtype)
                 ref_grads = _gradients(copy.deepcopy(model), inputs, "eager")
                 _loaded()
                 start = time.perf_counter()
@@ -147,12 +155,8 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
             else:
                 with torch.no_grad():
                     model.eval()
-                    fp64 = fp64_truth(
-                        lambda: copy.deepcopy(model).double()(
-                            *(t.double() if t.is_floating_point() else t for t in inputs)
-                        )
-                    )
-                    model, inputs = _moved(model, inputs, device, dtype)
+                    fp64 = fp64_inference(model, inputs)
+                    model, inputs = moved(model, inputs, device, dtype)
                     reference = copy.deepcopy(model)(*_fresh(inputs))
                     _loaded()
                     start = time.perf_counter()
