@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A GPU machine's first minutes (no network, no nox; torch with CUDA, triton,
-# transformers and timm already installed): the GPU tests, then auto against
+# transformers and timm already installed): the GPU tests, the output copy's
+# cost split into host and device time (benchmarks/zoo/copy_cost.py), then auto against
 # torch's best, every column of a model side by side in one process
 # (benchmarks/zoo/in_turn.py), with profiler tables of where each column's host
 # time goes. Everything lands in OUT_DIR as it finishes, so a run cut short keeps
@@ -37,6 +38,11 @@ timeout 150 "$python" -m pytest -m gpu -q -p no:cacheprovider -rs -o faulthandle
     tests/test_gpu.py -k "not lowered" >"$out/pytest.txt" 2>&1
 timeout 90 "$python" -m pytest -m gpu -q -p no:cacheprovider -rs -o faulthandler_timeout=30 \
     tests/test_kernels.py >>"$out/pytest.txt" 2>&1
+
+# Where the output copy's time goes (host or device), and what other ways of
+# copying the same tensors cost: auto's copy cost 34-58 µs a call on 2026-11-27.
+timeout 90 "$python" -m benchmarks.zoo.copy_cost --device "$device" --models hf_llama,hf_t5 \
+    --dtype bfloat16 --out "$out" >"$out/copy_cost.txt" 2>&1
 
 timeout $(($(left) * 2 / 3)) "$python" -m benchmarks.zoo.in_turn --device "$device" \
     --models "$models" --dtype bfloat16 --profile 50 --out "$out" 2>"$out/bfloat16.err"

@@ -284,3 +284,37 @@ def test_in_turn_rotates_the_columns_each_round_on_fresh_caches_and_reports_a_fa
     assert timed == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
     assert order[16:] == ["a", "b"] and set(row["profiles"]) == {"a", "b"}
     assert "aten::mean" in row["profiles"]["a"]  # the model's own ops, as the profiler saw them
+
+
+def test_copy_cost_times_only_variants_that_copy_and_reports_one_that_cannot(monkeypatch):
+    """The lent GPU's split of the output copy: every way of copying is checked to
+    hand back equal tensors in memory of their own before it is timed; one that
+    cannot copy the tensors at hand (one flat buffer, over mixed dtypes) is that
+    variant's error, and the others are still timed."""
+    import torch
+
+    from benchmarks.zoo import copy_cost
+
+    monkeypatch.setattr(copy_cost, "CALLS", 2)
+    monkeypatch.setattr(copy_cost, "ROUNDS", 1)
+    strided = torch.randn(6, 4).t()  # a copy keeps its values, whatever the strides
+    same = [torch.randn(3, 5), strided, torch.arange(7.0)]
+    for label, copy in copy_cost.VARIANTS.items():
+        copies = copy(same)
+        assert all(torch.equal(c, t) for c, t in zip(copies, same)), label
+        assert not {c.data_ptr() for c in copies} & {t.data_ptr() for t in same}, label
+
+    def aliasing(tensors):
+        return list(tensors)  # no copy at all: must not be timed as one
+
+    monkeypatch.setitem(copy_cost.VARIANTS, "no copy", aliasing)
+    mixed = [torch.randn(3, 5), torch.randn(2, dtype=torch.float64)]
+    monkeypatch.setattr(copy_cost, "copied_tensors", lambda name, device, dtype: mixed)
+    row = copy_cost.model_row("dict_list_outputs", "cpu", torch.float32)
+
+    assert row["bytes"] == 15 * 4 + 2 * 8
+    assert row["variants"]["one flat buffer"] == {"error": "ValueError: tensors of more than one dtype"}
+    assert row["variants"]["no copy"] == {"error": "AssertionError: a copy shares memory with its tensor"}
+    timed = {k: v for k, v in row["variants"].items() if "error" not in v}
+    assert set(timed) == {"auto (copied)", "clone each", "empty_like + _foreach_copy_"}
+    assert all(v["host_us"] > 0 and v["whole_us"] > 0 for v in timed.values())
