@@ -14,8 +14,6 @@ the model's floating outputs stand in. Rows go to ``DIR/copy_cost.jsonl``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -27,6 +25,7 @@ import torch
 from dispatch.routes import cudagraphs
 
 from ..accuracy import floating_leaves
+from .in_turn import append_row, model_parser
 from .wider import EVERY_MODEL
 from .worker import moved
 
@@ -128,19 +127,12 @@ def model_row(name: str, device: str, dtype: torch.dtype) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", required=True)
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
-    parser.add_argument("--out", default=".")
-    args = parser.parse_args()
-    Path(args.out).mkdir(parents=True, exist_ok=True)
+    args = model_parser(__doc__.splitlines()[0]).parse_args()
     for name in args.models.split(","):
         torch._dynamo.reset()
-        row = model_row(name, args.device, getattr(torch, args.dtype))
-        with (Path(args.out) / "copy_cost.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        print(json.dumps(row), flush=True)
+        append_row(
+            Path(args.out) / "copy_cost.jsonl", model_row(name, args.device, getattr(torch, args.dtype))
+        )
 
 
 if __name__ == "__main__":

@@ -132,13 +132,28 @@ def model_row(
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def model_parser(description: str) -> argparse.ArgumentParser:
+    """The options of a lent GPU's per-model script: --models, --dtype, --device, --out."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--models", required=True)
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
-    parser.add_argument("--columns", default=",".join(COLUMNS))
     parser.add_argument("--out", default=".")
+    return parser
+
+
+def append_row(path: Path, row: dict[str, Any]) -> None:
+    """``row`` as one JSON line at the end of ``path`` (a run cut short keeps the
+    rows it finished) and on stdout."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps(row), flush=True)
+
+
+def main() -> None:
+    parser = model_parser(__doc__.splitlines()[0])
+    parser.add_argument("--columns", default=",".join(COLUMNS))
     parser.add_argument(
         "--profile", type=int, default=0, help="calls per column under torch.profiler, to DIR/profiles.txt"
     )
@@ -156,9 +171,7 @@ def main() -> None:
             with (Path(args.out) / "profiles.txt").open("a") as f:
                 for column, table in profiles.items():
                     f.write(f"== {name} {args.dtype} {column}, {args.profile} calls\n{table}\n")
-        with out.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        print(json.dumps(row), flush=True)
+        append_row(out, row)
 
 
 if __name__ == "__main__":
