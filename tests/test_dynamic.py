@@ -147,3 +147,57 @@ def test_sizes_a_graph_returns_stay_python_ints(monkeypatch, route):
         assert type(doubled) is int and doubled == 2 * rows
         assert type(m.window) is int and m.window == min(rows, 16)
         torch.testing.assert_close(out, m.proj(x).relu())
+
+
+def _aten_graph(fn, *args):
+    """The aten inference graph AOTAutograd makes of ``fn`` compiled with ``dynamic=True``."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    captured = []
+
+    def capture(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: captured.append(g) or g)
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=capture, dynamic=True)(*args)
+    (graph,) = captured
+    return graph
+
+
+def _offset_positions(x, n):
+    return (torch.arange(x.shape[0]) + n) * x
+
+
+@torch.no_grad()
+def test_an_inductor_region_compiled_for_an_integer_of_zero_holds_for_other_values():
+    """A region compiles on its first call's inputs. An integer input (a cache's
+    position) was made a size symbol, which a first value of 0 or 1 specialises:
+    compiled at 0, the region ran every later position as 0."""
+    from dispatch.routes import registry
+
+    graph = _aten_graph(_offset_positions, torch.randn(5), 0)
+    assert [type(p.meta["val"]) for p in graph.graph.find_nodes(op="placeholder")][-1] is torch.SymInt
+    region = registry.get("inductor").compile(graph, [5, torch.randn(5), 0])
+    x = torch.randn(7)
+    for n in (3, -2, 1):
+        (out,) = region(7, x, n)
+        torch.testing.assert_close(out, _offset_positions(x, n))
+
+
+def _slices_at(x, n):
+    return x[n:] * 2, x[: x.shape[0] - n].sum()
+
+
+@torch.no_grad()
+def test_an_inductor_region_checks_what_its_compile_assumed_of_the_sizes():
+    """Inductor compiles a region in a shape environment of its own, whose guards
+    (here ``0 <= n <= len(x)``) Dynamo never sees. A call past them, which the
+    compiled code cannot run, gets a region compiled for its own sizes."""
+    from dispatch.routes import registry
+
+    graph = _aten_graph(_slices_at, torch.randn(8, 4), 2)
+    region = registry.get("inductor").compile(graph, [8, 4, torch.randn(8, 4), 2])
+    x = torch.randn(8, 4)
+    for n in (5, 9, 12):
+        for out, expected in zip(region(8, 4, x, n), _slices_at(x, n)):
+            torch.testing.assert_close(out, expected)

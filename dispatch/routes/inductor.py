@@ -19,6 +19,7 @@ regions is trusted as a shared library is.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,7 @@ from ..cache import current_cache
 from ..inductor_isa import probe_vector_isas
 from ..inspect import META_VAL
 from .base import Availability, CompiledFn, PreprocessResult, RegionProgram, Route, op_handles
+from .onnx_guards import ShapeClasses
 from .registry import registry
 
 
@@ -51,7 +53,15 @@ class InductorRoute(Route):
 
         probe_vector_isas(current_cache(), example_inputs)
         placeholders = gm.graph.find_nodes(op="placeholder")
-        return inductor_compile(gm, _fake_inputs(placeholders, example_inputs))
+
+        def build(args: Sequence[Any]) -> tuple[CompiledFn, tuple[str, ...]]:
+            fakes, shape_env = _fake_inputs(placeholders, args)
+            return inductor_compile(gm, fakes), _size_guards(shape_env, fakes)
+
+        compiled, guards = build(example_inputs)
+        if not guards:
+            return compiled
+        return ShapeClasses(compiled, guards, build, gm, route=self.name)
 
     def preprocess(self, region: RegionProgram, compile_specs: Mapping[str, Any]) -> PreprocessResult:
         """The region as an AOTInductor package (the bytes of its ``.pt2`` archive)."""
@@ -108,8 +118,23 @@ def _shape(node: torch.fx.Node) -> tuple[Any, ...]:
     return tuple(value.shape) if isinstance(value, torch.Tensor) else ()
 
 
-def _fake_inputs(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> list[Any]:
-    """Fake inputs whose dimensions are symbolic where the region's are, static elsewhere.
+def _size_guards(shape_env: Any, fakes: Sequence[Any]) -> tuple[str, ...]:
+    """What inductor assumed of the symbolic sizes (and strides) of ``fakes`` while it
+    compiled, as Python over ``args``, the region's arguments.
+
+    Dynamo checks the guards of its own shape environment on every call; this one
+    is the region's own, so nothing would check these. Gemma 2's decoding step
+    compiled whole by inductor assumed a cache of at most 4095 positions (its
+    sliding window) and contiguous caches."""
+    expression = shape_env.produce_guards_expression(fakes)
+    if expression is None:
+        return ()
+    return (re.sub(r"L\['t(\d+)'\]", r"args[\1]", expression),)
+
+
+def _fake_inputs(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> tuple[list[Any], Any]:
+    """Fake inputs whose dimensions are symbolic where the region's are, static
+    elsewhere, and the shape environment that holds their symbols.
 
     On real inputs Inductor specialises every size: the next batch size would
     fail its size check and the region would fall back to eager. Dynamo's own
@@ -137,7 +162,11 @@ def _fake_inputs(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> list
             context: StatelessSymbolicContext = StatelessSymbolicContext(dynamic_sizes=dynamic)
             fakes.append(mode.from_tensor(arg, source=source, symbolic_context=context))
         elif isinstance(value, torch.SymInt) and isinstance(arg, int):
-            fakes.append(shape_env.create_symintnode(shape_env.create_symbol(arg, source), hint=arg))
+            # As Dynamo makes an integer input symbolic: any sign, and 0 and 1 not
+            # specialised. A size symbol of the first call's 0 compiled the region
+            # for 0, and every later value ran it as 0 (a cache position: wrong
+            # attention masks).
+            fakes.append(shape_env.create_unspecified_symint_and_symbol(arg, source, DimDynamic.DYNAMIC))
         else:
             fakes.append(arg)
-    return fakes
+    return fakes, shape_env

@@ -125,7 +125,8 @@ class ShapeClasses:
     """A region's runner for shapes that its exported models' guards divide into
     classes: each call runs on the model whose guards it meets, and a call that
     meets none gets a model exported for its own shapes (``build``), up to
-    ``MAX_SHAPE_CLASSES``; beyond, torch runs such calls (``fallback``)."""
+    ``MAX_SHAPE_CLASSES``; beyond, torch runs such calls (``fallback``). Inductor's
+    regions hold under guards of their own shape environment too (``inductor.py``)."""
 
     def __init__(
         self,
@@ -133,12 +134,14 @@ class ShapeClasses:
         guards: tuple[str, ...],
         build: Build,
         fallback: CompiledFn,
+        route: str = "onnxrt",
     ) -> None:
         self.classes: list[tuple[Callable[[Sequence[Any]], bool], CompiledFn]] = [
             (shape_check(guards), first)
         ]
         self.build = build
         self.fallback = fallback
+        self.route = route
         self.exhausted = False
         self.said = False
         self._lock = threading.Lock()
@@ -161,14 +164,15 @@ class ShapeClasses:
                 self.exhausted = True
                 return self._by_torch(args)
             self.classes.append((check, run))
-            log.info("onnxrt region: exported again for inputs where %s", " and ".join(guards))
+            log.info("%s region: compiled again for inputs where %s", self.route, " and ".join(guards))
         return run(*args)
 
     def _by_torch(self, args: Sequence[Any]) -> Any:
         if not self.said:
             self.said = True
             log.info(
-                "onnxrt region: %d classes of shapes exported; torch runs calls of other shapes",
+                "%s region: %d classes of shapes compiled; torch runs calls of other shapes",
+                self.route,
                 len(self.classes),
             )
         return self.fallback(*args)
