@@ -11,7 +11,7 @@ not shredded into tiny regions whose hand-over costs more than they gain.
 from __future__ import annotations
 
 import operator
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -54,17 +54,7 @@ def form_regions(
     places = list(dict.fromkeys((c.device, c.place) for c in by_name.values()))
     for device, place in places:
         for route in orders[device]:
-            partitions = _propose(gm, by_name, route, place)
-            kept = []
-            floor = registry.get(route).min_region_size or min_region_size
-            for partition in partitions:
-                _leave_views_of_inputs(partition.nodes, by_name, route)
-                if not partition.nodes:
-                    continue
-                reason = None if route == "eager" else _refusal(partition.nodes, route, floor)
-                if reason is not None and _demote(partition.nodes, by_name, route, reason):
-                    continue
-                kept.append(partition)
+            kept = _kept_partitions(gm, by_name, route, place, min_region_size)
             if not kept:
                 continue
             # Numbered in the order they run, so that _0 is the first such region a call meets.
@@ -110,12 +100,38 @@ def _propose(gm: torch.fx.GraphModule, choices: dict, route: str, place: str) ->
     return partitioner.propose_partitions()
 
 
-def _refusal(nodes: Collection[torch.fx.Node], route: str, min_size: int) -> str | None:
-    """Why ``route`` should not take this partition as a region, or None."""
-    size = _compute_count(nodes)
-    if size < min_size:
-        return f"region of {size} op(s) is below min_region_size={min_size}"
-    return registry.get(route).region_reason(nodes)
+def _kept_partitions(gm: torch.fx.GraphModule, choices: dict, route: str, place: str, min_size: int) -> list:
+    """The partitions ``route`` takes as regions at ``place``. A refused partition's
+    nodes go to their next route; where the route names the nodes that stop it
+    (``region_blockers``), only those go, and the rest is proposed again: taking
+    nodes out of a partition can leave a path that leaves it and comes back."""
+    floor = registry.get(route).min_region_size or min_size
+    while True:
+        kept, narrowed = [], False
+        for partition in _propose(gm, choices, route, place):
+            _leave_views_of_inputs(partition.nodes, choices, route)
+            if not partition.nodes:
+                continue
+            size = _compute_count(partition.nodes)
+            if route == "eager":
+                reason = None
+            elif size < floor:
+                reason = f"region of {size} op(s) is below min_region_size={floor}"
+            else:
+                reason = registry.get(route).region_reason(partition.nodes)
+                blockers = registry.get(route).region_blockers(partition.nodes) if reason else ()
+                if (
+                    reason
+                    and 0 < len(blockers) < len(partition.nodes)
+                    and _demote(blockers, choices, route, reason)
+                ):
+                    narrowed = True
+                    continue
+            if reason is not None and _demote(partition.nodes, choices, route, reason):
+                continue
+            kept.append(partition)
+        if not narrowed:
+            return kept
 
 
 def _leave_views_of_inputs(nodes: dict[torch.fx.Node, object], choices: dict, route: str) -> None:

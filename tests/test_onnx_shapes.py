@@ -150,6 +150,36 @@ def test_a_region_whose_size_no_tensor_carries_is_planned_off_onnxrt():
     assert "onnxrt" in {r.route for r in regions}
 
 
+def _window_step(x, w, seen):
+    """One decoding step of a sliding-window cache: ``seen``, a Python int the cache
+    keeps (transformers' ``cumulative_length``), offsets the mask's positions."""
+    positions = torch.arange(x.shape[0]) + seen
+    visible = positions[:, None] >= torch.arange(x.shape[0])[None, :] + 2
+    scores = (x @ w) @ x.T
+    return torch.softmax(scores.masked_fill(~visible, -1e4), -1) @ x, seen + 1
+
+
+@torch.no_grad()
+def test_only_the_ops_that_read_a_size_no_tensor_carries_stay_off_onnxrt():
+    """Mistral's and Gemma 2's decoding steps ran all eager: their cache's position,
+    a size input no tensor carries, refused the whole region ORT was offered. Only
+    the ops that read it need torch; the matmuls and the softmax stay on ORT."""
+    w = torch.randn(16, 16)
+    compiled = torch.compile(_window_step, backend="auto", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        for rows, seen in [(6, 0), (9, 3), (5, 11)]:
+            x = torch.randn(rows, 16)
+            torch.testing.assert_close(compiled(x, w, seen), _window_step(x, w, seen))
+    # onnxrt and eager only: inductor may win the graph whole by measurement
+    options = {"routes": ["onnxrt", "eager"]}
+    regions = dispatch.explain(_window_step, torch.randn(7, 16), w, 4, dynamic=True, options=options).regions
+    on_onnxrt = [op for r in regions if r.route == "onnxrt" for op in r.ops]
+    assert "aten.mm.default" in on_onnxrt and "aten._softmax.default" in on_onnxrt, regions
+    readers = [r for r in regions if "is no dimension of a tensor input" in r.rejected.get("onnxrt", "")]
+    assert readers and all(r.route == "eager" and "aten.mm.default" not in r.ops for r in readers), regions
+
+
 def _causal_attention(x):
     return F.scaled_dot_product_attention(x, x, x, is_causal=True) + 1
 

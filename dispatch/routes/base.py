@@ -116,6 +116,12 @@ class Route:
         single node shows (the region's inputs, once the graph is cut)."""
         return None
 
+    def region_blockers(self, nodes: Collection[torch.fx.Node]) -> Collection[torch.fx.Node]:
+        """Of ``nodes``, which ``region_reason`` refuses, those that stop this route:
+        handed to their next route, the rest may form regions here. Empty: the
+        region goes whole."""
+        return ()
+
     def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
         """A callable taking the region's inputs positionally, returning a tuple."""
         raise NotImplementedError

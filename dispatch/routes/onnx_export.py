@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..inspect import META_VAL
+from ..inspect import META_VAL, is_size_arithmetic
 from .onnx_fusions import fusible_for_onnx_runtime
 from .onnx_guards import shape_guards
 from .onnx_model import OnnxModel
@@ -142,17 +142,45 @@ def size_without_tensor(nodes: Collection[torch.fx.Node]) -> str | None:
     """Where the region made of ``nodes`` would take a size input that is no
     dimension of one of its tensor inputs, why ONNX Runtime cannot run it (the
     check ``_sizes_from_tensors`` makes at export, made at plan time); else None."""
+    for node in _sizes_without_tensor(nodes):
+        return (
+            f"its size input {node.name} = {node.meta[META_VAL]} is no dimension of a tensor input "
+            "of the region, and ONNX Runtime takes tensors only"
+        )
+    return None
+
+
+def reading_sizes_without_tensor(nodes: Collection[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The nodes of a region that ``size_without_tensor`` refuses which read such a
+    size: directly, or through size arithmetic on it. Left to another route, they
+    hand the region tensors, which ORT takes, and the rest of the region can run
+    there. Transformers' sliding-window caches keep a Python int
+    (``cumulative_length``) that Dynamo makes a size input of every decoding step;
+    in Mistral and Gemma 2 only the mask's position offsets and the cache's next
+    length read it, and refusing the whole region ran their decoding steps eagerly."""
+    inside = set(nodes)
+    reading: set[torch.fx.Node] = set()
+    pending = [u for n in _sizes_without_tensor(nodes) for u in n.users if u in inside]
+    while pending:
+        node = pending.pop()
+        if node in reading:
+            continue
+        reading.add(node)
+        if is_size_arithmetic(node):  # a size made of it: its readers read it too
+            pending.extend(u for u in node.users if u in inside)
+    return reading
+
+
+def _sizes_without_tensor(nodes: Collection[torch.fx.Node]) -> list[torch.fx.Node]:
+    """The size inputs of the region made of ``nodes`` that no dimension of its tensor inputs holds."""
     inside = set(nodes)
     outside = {a for n in nodes for a in n.all_input_nodes if a not in inside}
     dims = _dimension_sources(outside)
-    for node in outside:
-        value = node.meta.get(META_VAL)
-        if isinstance(value, torch.SymInt) and value.node.expr not in dims:
-            return (
-                f"its size input {node.name} = {value} is no dimension of a tensor input of the "
-                "region, and ONNX Runtime takes tensors only"
-            )
-    return None
+    return [
+        n
+        for n in outside
+        if isinstance(value := n.meta.get(META_VAL), torch.SymInt) and value.node.expr not in dims
+    ]
 
 
 def _dimension_sources(nodes: Iterable[torch.fx.Node]) -> dict[Any, tuple[torch.fx.Node, int]]:

@@ -42,7 +42,7 @@ from .base import (
     install_hint,
     op_handles,
 )
-from .onnx_export import export_region, fed_positions, size_without_tensor
+from .onnx_export import export_region, fed_positions, reading_sizes_without_tensor, size_without_tensor
 from .onnx_guards import ShapeClasses
 from .onnx_model import OnnxModel
 from .onnx_on_torch import TorchWhereNaN, refusing_other_shapes, run_by_torch
@@ -134,6 +134,9 @@ class OnnxRoute(Route):
 
     def region_reason(self, nodes: Collection[torch.fx.Node]) -> str | None:
         return size_without_tensor(nodes)
+
+    def region_blockers(self, nodes: Collection[torch.fx.Node]) -> Collection[torch.fx.Node]:
+        return reading_sizes_without_tensor(nodes)
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
         sorts_in_onnx_runtime_order(gm)
