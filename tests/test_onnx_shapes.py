@@ -11,6 +11,7 @@ import torch
 
 import dispatch
 from dispatch.errors import InputSpecError
+from dispatch.graph_tuning import WHOLE_GRAPH
 from dispatch.stitch import FallbackWarning
 
 pytest.importorskip("onnxruntime")
@@ -211,3 +212,18 @@ def test_adaptive_max_pooling_of_uneven_windows_is_planned_off_onnxrt(dynamic):
     torch._dynamo.reset()
     even = dispatch.explain(_adaptive_max, torch.randn(2, 3, 9, 9)).regions
     assert [r.route for r in even] == ["onnxrt"]
+
+
+def _step_and_next_position(x, w, seen):
+    return torch.softmax(x @ w, -1) @ x.T, seen + 1
+
+
+@torch.no_grad()
+def test_a_graph_left_eager_only_in_size_arithmetic_is_not_timed_as_cut():
+    """Mistral's decoding step leaves its cache's next length (``seen + 1``) to
+    torch. Counted as eager work that cuts the graph, it made every cold start
+    compile the step whole by inductor to time it against ORT."""
+    w = torch.randn(16, 16)
+    regions = dispatch.explain(_step_and_next_position, torch.randn(7, 16), w, 4, dynamic=True).regions
+    assert {r.route for r in regions} == {"onnxrt", "eager"}, regions
+    assert all(WHOLE_GRAPH not in r.measured for r in regions), regions
