@@ -318,3 +318,37 @@ def test_copy_cost_times_only_variants_that_copy_and_reports_one_that_cannot(mon
     timed = {k: v for k, v in row["variants"].items() if "error" not in v}
     assert set(timed) == {"auto (copied)", "clone each", "empty_like + _foreach_copy_"}
     assert all(v["host_us"] > 0 and v["whole_us"] > 0 for v in timed.values())
+
+
+def test_generate_compares_each_column_with_eager_tokens(monkeypatch):
+    """The decoding benchmark: a column that decodes other tokens than eager is
+    reported so; each row carries its first (compiling) and later times."""
+    import torch
+
+    from benchmarks.zoo import generate
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.embed, self.head = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50)
+
+        def forward(self, ids):
+            return self.head(self.embed(ids).cumsum(1))
+
+        def generate(self, ids, max_new_tokens, **_):
+            for _ in range(max_new_tokens):
+                ids = torch.cat([ids, self.forward(ids)[:, -1:].argmax(-1)], 1)
+            return ids
+
+    def shifted(gm, example_inputs):  # a backend with wrong numbers: the next token moves
+        return lambda *args: tuple(t.roll(1, -1) for t in gm(*args))
+
+    monkeypatch.setattr(generate, "_decoder", lambda name, device, dtype: (Decoder(), torch.tensor([[1, 2]])))
+    registry = torch._dynamo.backends.registry
+    monkeypatch.setitem(registry._BACKENDS, "shifted", None)
+    monkeypatch.setitem(registry._COMPILER_FNS, "shifted", shifted)
+    right = generate.one_column("toy", "eager", "cpu", torch.float32, tokens=3, rounds=3)
+    wrong = generate.one_column("toy", "shifted", "cpu", torch.float32, tokens=3, rounds=3)
+    assert right["same_tokens"] and not wrong["same_tokens"]
+    assert right["first_s"] >= 0 and right["median_ms"] > 0 and right["per_token_us"] > 0
