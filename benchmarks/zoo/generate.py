@@ -52,8 +52,11 @@ def _decoder(name: str, device: str, dtype: torch.dtype) -> tuple[torch.nn.Modul
     return model, prompt
 
 
-def one_column(name: str, column: str, device: str, dtype: torch.dtype, tokens: int, rounds: int) -> dict:
-    """``name`` decoded under ``column`` in this process: tokens against eager's, times."""
+def one_column(
+    name: str, column: str, device: str, dtype: torch.dtype, tokens: int, rounds: int, cache: str = "dynamic"
+) -> dict:
+    """``name`` decoded under ``column`` in this process: tokens against eager's, times.
+    ``cache``: transformers' growing cache, or ``static`` (preallocated, updated in place)."""
     model, prompt = _decoder(name, device, dtype)
     options: dict[str, Any] = {
         "max_new_tokens": tokens,
@@ -61,6 +64,8 @@ def one_column(name: str, column: str, device: str, dtype: torch.dtype, tokens: 
         "do_sample": False,
         "pad_token_id": 0,
     }
+    if cache == "static":
+        options["cache_implementation"] = "static"
     with torch.no_grad():
         expected = model.generate(prompt, **options)
         if column == "reduce-overhead":
@@ -80,6 +85,7 @@ def one_column(name: str, column: str, device: str, dtype: torch.dtype, tokens: 
     return {
         "model": name,
         "column": column,
+        "cache": cache,
         "same_tokens": bool(torch.equal(got, expected)),
         "first_s": round(seconds[0], 2),
         "median_ms": round(1e3 * statistics.median(later), 2),
@@ -91,7 +97,7 @@ def _in_own_process(name: str, column: str, args: Any) -> dict:
     command = [
         sys.executable, "-m", "benchmarks.zoo.generate", "--one", column, "--models", name,
         "--device", args.device, "--dtype", args.dtype,
-        "--tokens", str(args.tokens), "--rounds", str(args.rounds),
+        "--tokens", str(args.tokens), "--rounds", str(args.rounds), "--cache", args.cache,
     ]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix=f"generate-{name}-{column}-") as caches:
         env = {
@@ -113,12 +119,12 @@ def main() -> None:
     parser.add_argument("--columns", default=",".join(COLUMNS))
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--cache", default="dynamic", choices=["dynamic", "static"])
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the column a child process runs
     args = parser.parse_args()
     if args.one:
-        row = one_column(
-            args.models, args.one, args.device, getattr(torch, args.dtype), args.tokens, args.rounds
-        )
+        dtype = getattr(torch, args.dtype)
+        row = one_column(args.models, args.one, args.device, dtype, args.tokens, args.rounds, args.cache)
         print(json.dumps(row), flush=True)
         return
     out = Path(args.out) / "generate.jsonl"
