@@ -42,7 +42,6 @@ GEMMs ran the layer in 595 µs, eager in 506 and inductor in 518.
 
 from __future__ import annotations
 
-import operator
 import threading
 import warnings
 from collections.abc import Sequence
@@ -57,7 +56,7 @@ from .cache import ArtifactCache, inductor_cache, region_key, using
 from .config import Config
 from .errors import error_line
 from .inductor_bar import CUTTING_ROUTE, InductorBar, inductor_past, onnx_work
-from .inspect import is_size_arithmetic, is_view_op
+from .inspect import is_computing_op, is_size_arithmetic
 from .planner import availability
 from .region import GraphPlan
 from .routes import CompiledFn, registry
@@ -108,13 +107,7 @@ def _computes_tensors(gm: torch.fx.GraphModule) -> bool:
     eager a view it returns and its cache's next length: counted as a cut, each
     cold start compiled the step whole by inductor to time it (5 s to 20 s), for
     ORT to win (111 against 162 µs)."""
-    return any(
-        n.op == "call_function"
-        and n.target is not operator.getitem
-        and not is_view_op(n)
-        and not is_size_arithmetic(n)
-        for n in gm.graph.nodes
-    )
+    return any(is_computing_op(n) and not is_size_arithmetic(n) for n in gm.graph.nodes)
 
 
 def whole_graph_check(stitched: StitchedGraph, plan: GraphPlan, config: Config) -> WholeGraphCheck | None:

@@ -190,6 +190,11 @@ def is_view_op(node: torch.fx.Node) -> bool:
     )
 
 
+def is_computing_op(node: torch.fx.Node) -> bool:
+    """An op that computes: getitem and views (which only re-describe memory) do not."""
+    return node.op == "call_function" and node.target is not operator.getitem and not is_view_op(node)
+
+
 def mean_square_base(node: object) -> torch.fx.Node | None:
     """``x`` where ``node`` is ``mean(pow(x, 2), [-1], keepdim=True) + eps`` with a float
     ``eps``: the root of an RMS norm as AOTAutograd lowers it (LLaMA, T5, Gemma)."""

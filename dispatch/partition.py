@@ -20,7 +20,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import create_op_support
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from .inspect import META_BESIDE_OTHER_ROUTES, META_STATIC, META_VAL, is_view_op, op_name
+from .inspect import META_BESIDE_OTHER_ROUTES, META_STATIC, META_VAL, is_computing_op, is_view_op, op_name
 from .region import LOWER_PRIORITY, Region
 from .routes.registry import registry
 
@@ -29,10 +29,7 @@ if TYPE_CHECKING:
 
 
 def _compute_count(nodes: Iterable[torch.fx.Node]) -> int:
-    """Ops that compute: getitem and views (which only re-describe memory) do not count."""
-    return sum(
-        1 for n in nodes if n.op == "call_function" and n.target is not operator.getitem and not is_view_op(n)
-    )
+    return sum(1 for n in nodes if is_computing_op(n))
 
 
 def form_regions(

@@ -19,7 +19,6 @@ regions is trusted as a shared library is.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -33,7 +32,7 @@ from ..cache import current_cache
 from ..inductor_isa import probe_vector_isas
 from ..inspect import META_VAL
 from .base import Availability, CompiledFn, PreprocessResult, RegionProgram, Route, op_handles
-from .onnx_guards import ShapeClasses
+from .onnx_guards import ShapeClasses, over_args
 from .registry import registry
 
 
@@ -129,7 +128,7 @@ def _size_guards(shape_env: Any, fakes: Sequence[Any]) -> tuple[str, ...]:
     expression = shape_env.produce_guards_expression(fakes)
     if expression is None:
         return ()
-    return (re.sub(r"L\['t(\d+)'\]", r"args[\1]", expression),)
+    return (over_args(expression, {f"t{i}": i for i in range(len(fakes))}, "inductor: the region"),)
 
 
 def _fake_inputs(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> tuple[list[Any], Any]:

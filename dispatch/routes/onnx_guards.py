@@ -39,20 +39,25 @@ def shape_guards(program: Any, positions: Mapping[str, int]) -> tuple[str, ...]:
     as Python over ``args`` (the region's arguments; ``positions``: each exported
     input's name -> its position there)."""
     exported = getattr(program, "exported_program", None)
-    guards = []
-    for guard in getattr(exported, "_guards_code", None) or ():
+    guards = getattr(exported, "_guards_code", None) or ()
+    return tuple(over_args(guard, positions, "onnxrt: the exported model") for guard in guards)
 
-        def position(match: re.Match[str], guard: str = guard) -> str:
-            name = match.group(1)
-            if name not in positions:
-                raise RuntimeError(
-                    f"onnxrt: the exported model holds only where {guard}, which reads "
-                    f"{name!r}, no input of the region"
-                )
-            return f"args[{positions[name]}]"
 
-        guards.append(_INPUT.sub(position, guard))
-    return tuple(guards)
+def over_args(guard: str, positions: Mapping[str, int], holder: str) -> str:
+    """``guard``, torch's Python over its inputs by name (``L['x']``), over the
+    region's ``args`` instead (``positions``: each name -> its position there), as
+    ``shape_check`` evaluates it. ``holder`` names what holds under it, in the error
+    for a name that is no input of the region."""
+
+    def position(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in positions:
+            raise RuntimeError(
+                f"{holder} holds only where {guard}, which reads {name!r}, no input of the region"
+            )
+        return f"args[{positions[name]}]"
+
+    return _INPUT.sub(position, guard)
 
 
 def shape_check(guards: Sequence[str]) -> Callable[[Sequence[Any]], bool]:
