@@ -34,6 +34,21 @@ def collect_set_up_garbage() -> None:
     gc.collect()
 
 
+def child_env(**overrides: str) -> dict[str, str]:
+    """The environment of a benchmark's child process: this one's without the
+    user's ``DISPATCH_*`` settings (a forced route would change what auto's column
+    measures), plus ``overrides``. Bytecode is written and read as for an
+    installed package: with PYTHONDONTWRITEBYTECODE (set on the machines these
+    numbers come from) every worker compiled dispatch's sources again, 57 ms of
+    each start."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("DISPATCH_") and k != "PYTHONDONTWRITEBYTECODE"
+    }
+    return {**env, **overrides}
+
+
 class Worker:
     """A running worker module (``python -m MODULE ARGS...``) for one cell."""
 
@@ -43,14 +58,7 @@ class Worker:
         """``log``: where the worker's stderr goes (warnings, tracebacks); dropped without one.
         ``gated``: the worker loads, prints ``LOADED`` and waits for ``go`` before it
         compiles (``release``), so that several load at once and compile in turn."""
-        # Bytecode is written and read as for an installed package: with
-        # PYTHONDONTWRITEBYTECODE (set on the machines these numbers come from)
-        # every worker compiled dispatch's sources again, 57 ms of each start.
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("DISPATCH_") and k != "PYTHONDONTWRITEBYTECODE"
-        }
+        env = child_env()
         self._log = log.open("w") if log is not None else None
         self._quitting = False
         self._released = not gated

@@ -1,5 +1,7 @@
 """How the benchmarks size their timed batches."""
 
+import os
+
 import pytest
 
 from benchmarks.process import _calls_per_batch
@@ -352,3 +354,14 @@ def test_generate_compares_each_column_with_eager_tokens(monkeypatch):
     wrong = generate.one_column("toy", "shifted", "cpu", torch.float32, tokens=3, rounds=3)
     assert right["same_tokens"] and not wrong["same_tokens"]
     assert right["first_s"] >= 0 and right["median_ms"] > 0 and right["per_token_us"] > 0
+
+
+def test_a_child_process_gets_no_dispatch_setting_of_the_user(monkeypatch):
+    """A forced route in the user's shell would change what auto's column measures."""
+    from benchmarks.process import child_env
+
+    monkeypatch.setenv("DISPATCH_ROUTE", "eager")
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    env = child_env(DISPATCH_CACHE_DIR="/tmp/x")
+    assert "DISPATCH_ROUTE" not in env and "PYTHONDONTWRITEBYTECODE" not in env
+    assert env["DISPATCH_CACHE_DIR"] == "/tmp/x" and env["PATH"] == os.environ["PATH"]

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ..process import child_env
 from .in_turn import append_row, model_parser
 from .run import machine
 
@@ -72,14 +73,13 @@ def one_column(
             model.forward = torch.compile(model.forward, mode="reduce-overhead")
         elif column != "eager":
             model.forward = torch.compile(model.forward, backend=column)
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         seconds = []
         for _ in range(rounds):
-            if device == "cuda":
-                torch.cuda.synchronize()
+            sync()
             start = time.perf_counter()
             got = model.generate(prompt, **options)
-            if device == "cuda":
-                torch.cuda.synchronize()
+            sync()
             seconds.append(time.perf_counter() - start)
     later = seconds[2:] or seconds[1:]
     return {
@@ -100,11 +100,10 @@ def _in_own_process(name: str, column: str, args: Any) -> dict:
         "--tokens", str(args.tokens), "--rounds", str(args.rounds), "--cache", args.cache,
     ]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix=f"generate-{name}-{column}-") as caches:
-        env = {
-            **os.environ,
-            "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
-            "DISPATCH_CACHE_DIR": os.path.join(caches, "dispatch"),
-        }
+        env = child_env(
+            TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
+            DISPATCH_CACHE_DIR=os.path.join(caches, "dispatch"),
+        )
         done = subprocess.run(command, capture_output=True, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
