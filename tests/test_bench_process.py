@@ -356,6 +356,21 @@ def test_generate_compares_each_column_with_eager_tokens(monkeypatch):
     assert right["first_s"] >= 0 and right["median_ms"] > 0 and right["per_token_us"] > 0
 
 
+def test_generate_decodes_an_encoder_decoder_with_its_seq2seq_head():
+    """T5's config names no decoder start token and the zoo wraps it to call it by
+    keyword: the decoding benchmark still builds its seq2seq model and decodes."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from benchmarks.zoo import generate
+
+    model, prompt = generate._decoder("hf_t5", "cpu", torch.float32)
+    assert model.config.is_encoder_decoder and type(model).__name__ == "T5ForConditionalGeneration"
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert out.shape == (prompt.shape[0], 4)  # the start token, then three
+
+
 def test_a_child_process_gets_no_dispatch_setting_of_the_user(monkeypatch):
     """A forced route in the user's shell would change what auto's column measures."""
     from benchmarks.process import child_env

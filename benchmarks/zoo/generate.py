@@ -2,8 +2,8 @@
 
     python -m benchmarks.zoo.generate --models hf_mistral,hf_gemma2 --out DIR
 
-Each decoder of the zoo's lists (its config, a causal-LM head, random weights)
-generates ``--tokens`` tokens greedily from 2x16 prompt tokens, ``--rounds``
+Each decoder of the zoo's lists (its config, a causal-LM head or, for an
+encoder-decoder, a seq2seq-LM head, random weights) generates ``--tokens`` tokens greedily from 2x16 prompt tokens, ``--rounds``
 times, with ``model.forward`` compiled by each column's backend; eager is the
 reference. A decoding step is a graph of its own, with the cache's length as a
 symbolic size from the third step on, and some caches (sliding windows) pass a
@@ -39,16 +39,25 @@ PROMPT = (2, 16)
 
 
 def _decoder(name: str, device: str, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.Tensor]:
-    from .models import _torchvision_without_its_kernels
+    from .models import EncoderDecoder, _torchvision_without_its_kernels
     from .wider import EVERY_MODEL
 
     _torchvision_without_its_kernels()
     import transformers
 
     base, _ = EVERY_MODEL[name].build()
+    if isinstance(base, EncoderDecoder):
+        base = base.model
+    config = base.config
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(base.config).eval().to(device, dtype)
-    high = min(base.config.vocab_size, 1000)
+    if config.is_encoder_decoder:
+        head = transformers.AutoModelForSeq2SeqLM
+        if getattr(config, "decoder_start_token_id", None) is None:  # T5's configs leave it to the tokenizer's pad id
+            config.decoder_start_token_id = config.pad_token_id or 0
+    else:
+        head = transformers.AutoModelForCausalLM
+    model = head.from_config(config).eval().to(device, dtype)
+    high = min(config.vocab_size, 1000)
     prompt = torch.randint(3, high, PROMPT, generator=torch.Generator().manual_seed(0)).to(device)
     return model, prompt
 
