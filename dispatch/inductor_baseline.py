@@ -89,6 +89,9 @@ class InductorLead:
     capture: bool
     #: under autotune: try the kernels/ inside inductor's graph (``kernel_trial.py``)
     trial: bool = False
+    #: CPU inference: inductor's whole graph is timed against the graph as traced
+    #: (``capture_check.py``), as a captured one is on CUDA
+    cpu_check: bool = False
 
 
 def inductor_lead(
@@ -117,7 +120,9 @@ def inductor_lead(
     if leading[:1] != [INDUCTOR] or not availability(registry.get(INDUCTOR)).ok:
         return None
     return InductorLead(
-        capture=inference and device == "cuda" and CUDAGRAPHS in order, trial=inference and config.autotune
+        capture=inference and device == "cuda" and CUDAGRAPHS in order,
+        trial=inference and config.autotune,
+        cpu_check=inference and device == "cpu" and not config.autotune,
     )
 
 
@@ -145,9 +150,12 @@ def _compile_fx_served(
     config = compiler.config
     fingerprint = settings_fingerprint(config)
     key = graph_key(gm, example_inputs, fingerprint)
-    check = CaptureCheck.of(config, gm, key, compiler.graph_index) if lead.capture else None
+    check = None
+    if lead.capture or lead.cpu_check:
+        route = CUDAGRAPHS if lead.capture else INDUCTOR
+        check = CaptureCheck.of(config, gm, key, compiler.graph_index, route)
     if check is not None and (eager := check.stored_eager()) is not None:
-        return eager  # a warm start where the graph as traced beat its capture: nothing compiles
+        return eager  # a warm start where the graph as traced won: nothing compiles
     if not trusted_root(config.cache_dir):
         inner = PlanningInnerCompile(compiler, lead.capture, check=check)
         return _checked(check, _compile_fx(gm, example_inputs, inner, lead))
@@ -294,7 +302,8 @@ class PlanningInnerCompile:
         self.compiler = compiler
         self.capture = capture
         self.trial = trial
-        #: times a captured inference graph against the graph as traced (``capture_check.py``)
+        #: times an inference graph compiled whole (captured on CUDA) against the
+        #: graph as traced (``capture_check.py``)
         self.check = check
         #: where the plans of graphs compiled whole are stored, for AOTAutograd's cache hits
         self.served = served
@@ -339,7 +348,7 @@ class PlanningInnerCompile:
         record = TrialRecord(region) if self.trial and kind == GRAPH_INFERENCE else None
         self.records.append(record)
         outcome: TrialRecord | CaptureRecord | None = record
-        if timeable and region.route == CUDAGRAPHS and self.check is not None:
+        if timeable and self.check is not None and region.route == self.check.route:
             outcome = self.check.record_for(plan)  # None where a size is symbolic
         recorder.publish(GraphRecord(plan, outcome))
         if self.served is not None:

@@ -1,7 +1,8 @@
-"""A small captured CUDA inference graph is timed on its first call against the
-graph as Dynamo traced it (``dispatch/capture_check.py``). Without a GPU, the
-capture is stood in for: CPU graphs take the CUDA lead path (one inductor
-compile, its region recorded as captured) and a fake clock decides."""
+"""A small captured CUDA inference graph, and a bfloat16 CPU graph on inductor,
+is timed on its first call against the graph as Dynamo traced it
+(``dispatch/capture_check.py``). Without a GPU, the capture is stood in for:
+CPU graphs take the CUDA lead path (one inductor compile, its region recorded
+as captured) and a fake clock decides."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 import dispatch
 import dispatch.capture_check as capture_check
-from dispatch.capture_check import AS_TRACED, CAPTURED, can_time
+from dispatch.capture_check import AS_TRACED, CAPTURED, INDUCTOR, can_time
 from dispatch.inductor_baseline import InductorLead
 
 # CPU inference leads with onnxrt; the route order CUDA inference has.
@@ -132,6 +133,26 @@ def test_graphs_that_mutate_or_draw_random_numbers_are_not_timed():
     assert not can_time(make_fx(drawing)(x))
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_attention_is_timed_only_where_it_draws_no_dropout(dropout):
+    """Attention kernels are tagged as drawing random numbers for their dropout:
+    at 0, in inference, they draw none, and a transformer's graph can be timed."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def attention(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+
+    q = torch.randn(1, 2, 8, 16)
+    aten = make_fx(attention, pre_dispatch=False)(q, q, q)
+    seeded = [
+        n
+        for n in aten.graph.nodes
+        if isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags
+    ]
+    assert seeded  # the attention kernel itself carries the tag
+    assert can_time(aten) == (dropout == 0.0)
+
+
 @pytest.mark.parametrize("timed", [{AS_TRACED: 1.0, CAPTURED: 2.0}], indirect=True)
 @torch.no_grad()
 def test_a_captured_program_that_differs_from_eager_keeps_serving_untimed(captured_lead, timed, monkeypatch):
@@ -155,3 +176,48 @@ def test_a_graph_with_a_symbolic_size_is_not_timed(captured_lead, timed):
     (region,) = dispatch.explain(small(), torch.randn(8, 16), options=OPTIONS, dynamic=True).regions
     assert timed == []
     assert region.route == "cudagraphs"
+
+
+def small_bfloat16():
+    return small().to(torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("timed", [{AS_TRACED: 1.0, INDUCTOR: 2.0}], indirect=True)
+@torch.no_grad()
+def test_a_bfloat16_cpu_graph_runs_as_traced_where_that_beat_inductor(timed, compiles):
+    """CPU inference in bfloat16 leads with inductor; a graph that inductor runs
+    slower than eager (timm's ResNet-18: 5.45 against 4.09 ms) runs as traced."""
+    model, x = small_bfloat16()
+    explanation = dispatch.explain(model, x)
+    assert timed == [{INDUCTOR, AS_TRACED}]
+    (region,) = explanation.regions
+    assert (region.route, region.planned_route) == ("eager", "inductor")
+    assert region.rejected["inductor"] == (
+        "slower as a whole graph by measurement: inductor 2.00 ms, as traced (eager) 1.00 ms"
+    )
+    torch._dynamo.reset()
+    compiles[0] = 0
+    compiled = torch.compile(model, backend="auto")
+    torch.testing.assert_close(compiled(x), model(x))
+    assert compiles[0] == 0  # the stored decision: nothing compiles, nothing is timed again
+    assert len(timed) == 1
+
+
+@pytest.mark.parametrize("timed", [{INDUCTOR: 1.0, AS_TRACED: 2.0}], indirect=True)
+@torch.no_grad()
+def test_a_bfloat16_cpu_graph_stays_on_inductor_where_it_won(timed):
+    model, x = small_bfloat16()
+    (region,) = dispatch.explain(model, x).regions
+    assert timed == [{INDUCTOR, AS_TRACED}]
+    assert region.route == "inductor"
+    assert region.measured["whole graph"] == "inductor 1.00 ms, as traced (eager) 2.00 ms"
+
+
+@pytest.mark.parametrize("timed", [{AS_TRACED: 1.0}], indirect=True)
+@torch.no_grad()
+def test_a_bfloat16_cpu_graph_that_runs_long_eagerly_stays_on_inductor_untimed(timed, monkeypatch):
+    monkeypatch.setattr(capture_check, "CPU_TIMED_BELOW_S", 0.0)
+    model, x = small_bfloat16()
+    (region,) = dispatch.explain(model, x).regions
+    assert timed == []
+    assert region.route == "inductor" and "whole graph" not in region.measured

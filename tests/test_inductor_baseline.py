@@ -83,9 +83,11 @@ def test_forced_inductor_inference_is_inductor_whole(inner_calls, monkeypatch):
 
 @torch.no_grad()
 @pytest.mark.parametrize("how", ["bfloat16 model", "autocast"])
-def test_cpu_inference_in_bfloat16_is_inductor_whole(inner_calls, how):
+@pytest.mark.parametrize("timed", [{"inductor": 1.0, "as traced (eager)": 2.0}], indirect=True)
+def test_cpu_inference_in_bfloat16_is_inductor_whole(inner_calls, how, timed):
     # Dynamo's graph decides the lead: under autocast its inputs are float32 and only
-    # the values inside are bfloat16.
+    # the values inside are bfloat16. Inductor's whole graph is timed against the
+    # graph as traced (test_capture_check.py); here the fake clock has it win.
     model = mlp().eval()
     x = torch.randn(8, 16)
     if how == "bfloat16 model":
@@ -96,6 +98,7 @@ def test_cpu_inference_in_bfloat16_is_inductor_whole(inner_calls, how):
     with context:
         explanation = dispatch.explain(model, x)
         assert [r.route for r in explanation.regions] == ["inductor"]
+        assert timed == [{"inductor", "as traced (eager)"}]
         assert len(inner_calls) == 1 and len(inner_calls[0]["static_input_idxs"]) == 4
         torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x))
 

@@ -52,7 +52,8 @@ def _decoder(name: str, device: str, dtype: torch.dtype) -> tuple[torch.nn.Modul
     torch.manual_seed(0)
     if config.is_encoder_decoder:
         head = transformers.AutoModelForSeq2SeqLM
-        if getattr(config, "decoder_start_token_id", None) is None:  # T5's configs leave it to the tokenizer's pad id
+        # T5's configs leave the decoder's first token to the tokenizer's pad id.
+        if getattr(config, "decoder_start_token_id", None) is None:
             config.decoder_start_token_id = config.pad_token_id or 0
     else:
         head = transformers.AutoModelForCausalLM
