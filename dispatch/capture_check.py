@@ -105,7 +105,9 @@ def decided(region: Region, measured: dict[str, str], winner: str) -> Region:
 
 
 def _line(measured: dict[str, str]) -> str:
-    return ", ".join(f"{name} {seconds}" for name, seconds in measured.items())
+    # The compiled side first, whatever order a stored decision's JSON kept.
+    names = sorted(measured, key=lambda name: name == AS_TRACED)
+    return ", ".join(f"{name} {measured[name]}" for name in names)
 
 
 class CaptureCheck:
@@ -154,6 +156,19 @@ class CaptureCheck:
             return None
         recorder.publish(GraphRecord(plan, None))
         return self.as_traced.forward
+
+    def settled(self, plans: list[GraphPlan]) -> list[GraphPlan]:
+        """``plans`` that AOTAutograd's cache served (stored before this check ran),
+        their checked region given the stored decision's times: a warm start's
+        ``explain`` shows them as the cold start's did."""
+        stored = self.stored
+        if not stored or not stored.get("measured") or len(plans) != 1:
+            return plans
+        (plan,) = plans
+        if plan.dynamic or len(plan.regions) != 1 or plan.regions[0].route != self.route:
+            return plans
+        region = decided(plan.regions[0], stored["measured"], stored.get("winner", self.label))
+        return [replace(plan, regions=[region])]
 
     def record_for(self, plan: GraphPlan) -> CaptureRecord | None:
         """The record of ``plan``'s checked region, whose aten graph ``can_time``

@@ -167,7 +167,7 @@ def _compile_fx_served(
     if inner.calls:
         return _checked(check, compiled)
     if stored is not None:
-        publish(stored)
+        publish(stored if check is None else check.settled(stored))
         return compiled
     # An entry with no plan beside it (our cache cleared, inductor's kept): compile
     # again without the cache, so that the graph is planned.

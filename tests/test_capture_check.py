@@ -178,6 +178,13 @@ def test_a_graph_with_a_symbolic_size_is_not_timed(captured_lead, timed):
     assert region.route == "cudagraphs"
 
 
+@pytest.fixture
+def aotautograd_cache_on():
+    """On, as torch leaves it (the suite turns it off, tests/conftest.py)."""
+    with torch._functorch.config.patch(enable_autograd_cache=True):
+        yield
+
+
 def small_bfloat16():
     return small().to(torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16)
 
@@ -205,12 +212,22 @@ def test_a_bfloat16_cpu_graph_runs_as_traced_where_that_beat_inductor(timed, com
 
 @pytest.mark.parametrize("timed", [{INDUCTOR: 1.0, AS_TRACED: 2.0}], indirect=True)
 @torch.no_grad()
-def test_a_bfloat16_cpu_graph_stays_on_inductor_where_it_won(timed):
+def test_a_bfloat16_cpu_graph_stays_on_inductor_where_it_won(
+    timed, compiles, aotautograd_cache_on, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # no other test's entries
     model, x = small_bfloat16()
     (region,) = dispatch.explain(model, x).regions
     assert timed == [{INDUCTOR, AS_TRACED}]
     assert region.route == "inductor"
     assert region.measured["whole graph"] == "inductor 1.00 ms, as traced (eager) 2.00 ms"
+    torch._dynamo.reset()
+    compiles[0] = 0
+    # A warm start: AOTAutograd's cache serves the graph, the stored decision its times.
+    (warm,) = dispatch.explain(model, x).regions
+    assert compiles[0] == 0 and len(timed) == 1
+    assert warm.route == "inductor"
+    assert warm.measured["whole graph"] == "inductor 1.00 ms, as traced (eager) 2.00 ms"
 
 
 @pytest.mark.parametrize("timed", [{AS_TRACED: 1.0}], indirect=True)
