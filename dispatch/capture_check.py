@@ -26,7 +26,7 @@ CPU inference in bfloat16 leads with inductor too (ONNX Runtime's CPU
 provider runs no bfloat16), uncaptured, and there inductor's whole graph is
 checked the same way against the graph as traced. Inductor won on the
 transformers and on hf_resnet, but lost where oneDNN's bfloat16 convolutions
-serve eager better than inductor's code: timm's ResNet-18 (8x224^2, AMD
+serve eager better than inductor's code: timm's ResNet-18 (2 images of 64^2, AMD
 EPYC, AVX-512, 2 cores) ran 5.45 ms a call under inductor against 4.09
 eagerly. A CPU graph runs no capture with a fixed cost, so it is timed
 whatever its size up to ``CPU_TIMED_BELOW_S`` a call, where the check's
