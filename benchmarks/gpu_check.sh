@@ -9,6 +9,9 @@
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR [SECONDS]      # SECONDS defaults to 540
 #
+# On exit, also when cut short, the folder is packed into OUT_DIR.tar.gz: one file
+# to bring back from a lent machine that returns only a few.
+#
 # DEVICE=cpu runs the same steps on CPU (the GPU tests then skip): a smoke test.
 # PYTHON picks the interpreter (python3), MODELS the zoo models (bfloat16; float32
 # takes those before graph_break).
@@ -19,6 +22,8 @@ device=${DEVICE:-cuda}
 python=${PYTHON:-python3}
 models=${MODELS:-hf_llama,hf_bert,timm_resnet18,hf_t5,graph_break,data_dependent}
 mkdir -p "$out"
+trap 'tar -czf "$out.tar.gz" -C "$out" .' EXIT
+trap 'exit 143' TERM INT
 export PYTHONUNBUFFERED=1
 left() { echo $((budget - SECONDS)); }
 
