@@ -36,7 +36,7 @@ import torch.fx
 from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module
 
 from .cache import current_cache, inductor_cache, trusted_root
-from .capture_check import CaptureCheck, CaptureRecord, can_time
+from .capture_check import CaptureCheck, CaptureRecord
 from .config import Config
 from .errors import DispatchError, error_line
 from .inductor_isa import probe_vector_isas
@@ -89,9 +89,12 @@ class InductorLead:
     capture: bool
     #: under autotune: try the kernels/ inside inductor's graph (``kernel_trial.py``)
     trial: bool = False
-    #: CPU inference: inductor's whole graph is timed against the graph as traced
+    #: CPU inference and training: inductor's whole graph (a training step: its
+    #: forward and backward) is timed against the graph as traced
     #: (``capture_check.py``), as a captured one is on CUDA
     cpu_check: bool = False
+    #: gradients are needed: a forward and a backward graph
+    training: bool = False
 
 
 def inductor_lead(
@@ -122,7 +125,8 @@ def inductor_lead(
     return InductorLead(
         capture=inference and device == "cuda" and CUDAGRAPHS in order,
         trial=inference and config.autotune,
-        cpu_check=inference and device == "cpu" and not config.autotune,
+        cpu_check=device == "cpu" and not config.autotune,
+        training=not inference,
     )
 
 
@@ -153,7 +157,7 @@ def _compile_fx_served(
     check = None
     if lead.capture or lead.cpu_check:
         route = CUDAGRAPHS if lead.capture else INDUCTOR
-        check = CaptureCheck.of(config, gm, key, compiler.graph_index, route)
+        check = CaptureCheck.of(config, gm, key, compiler.graph_index, route, lead.training)
     if check is not None and (eager := check.stored_eager()) is not None:
         return eager  # a warm start where the graph as traced won: nothing compiles
     if not trusted_root(config.cache_dir):
@@ -333,7 +337,7 @@ class PlanningInnerCompile:
                 return compiler.compile(gm, example_inputs, kind, static=static)
             # All three taken before inductor's passes rewrite the graph in place.
             pool_outputs = PoolOutputs(gm)
-            timeable = self.check is not None and kind == GRAPH_INFERENCE and can_time(gm)
+            timeable = self.check is not None and self.check.times(gm, kind)
             spare = _graph_copy(gm)  # what the fallback plans if inductor fails after its passes
             try:
                 compiled = compile_fx_inner(gm, example_inputs, **kwargs)

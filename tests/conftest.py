@@ -115,6 +115,17 @@ def routed_throughout(monkeypatch):
 
 
 @pytest.fixture
+def training_stays_on_inductor(monkeypatch):
+    """CPU training graphs stay on inductor untimed: the first-call check
+    (``capture_check.py``) would move a test's tiny graphs to eager by this busy
+    machine's clock. For tests of inductor's training path; the check has its own
+    (``test_training_check.py``)."""
+    import dispatch.capture_check as capture_check
+
+    monkeypatch.setattr(capture_check, "TRAINING_TIMED_BELOW_S", 0.0)
+
+
+@pytest.fixture
 def timed(monkeypatch, request):
     """Whole-graph candidates (dispatch/graph_tuning.py) timed by a fake clock:
     milliseconds per candidate from the test's ``param``, 2 ms for the others;

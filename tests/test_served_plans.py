@@ -17,6 +17,8 @@ from dispatch.record import recorder
 from dispatch.served_plans import KIND
 from tests.models import MLP
 
+pytestmark = pytest.mark.usefixtures("training_stays_on_inductor")
+
 
 @pytest.fixture(autouse=True)
 def aotautograd_cache_on():
@@ -149,8 +151,10 @@ def test_a_warm_training_start_is_served_where_inductors_directory_is_its_defaul
 TRAINING_STEP = textwrap.dedent(
     """
     import torch, dispatch
+    import dispatch.capture_check
     from dispatch.record import recorder
     from torch._dynamo.utils import counters
+    dispatch.capture_check.TRAINING_TIMED_BELOW_S = 0.0  # the step stays on inductor, untimed
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     x = torch.randn(3, 8)

@@ -12,6 +12,7 @@ from dispatch.record import recorder
 from dispatch.stitch import FallbackWarning
 
 STEPS = 20
+pytestmark = pytest.mark.usefixtures("training_stays_on_inductor")
 
 
 def mlp():

@@ -352,7 +352,7 @@ ZOO: dict[str, ZooModel] = {
             "transformers",
             _hf("MobileNetV2Model", "MobileNetV2Config", _image, image_size=IMAGE, depth_multiplier=0.35),
         ),
-        ZooModel("timm_resnet18", "timm", _timm("resnet18")),
+        ZooModel("timm_resnet18", "timm", _timm("resnet18"), trains=True),
         ZooModel("timm_convnext_atto", "timm", _timm("convnext_atto")),
         ZooModel("timm_mobilenetv3", "timm", _timm("mobilenetv3_small_100")),
         ZooModel("timm_efficientnet_b0", "timm", _timm("efficientnet_b0")),
