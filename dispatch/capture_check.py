@@ -33,8 +33,8 @@ whatever its size up to ``CPU_TIMED_BELOW_S`` a call, where the check's
 thirty-odd calls a side still cost little beside inductor's compile.
 
 CPU training leads with inductor as well, and there a step is what is timed:
-the forward, then the backward of its outputs (``torch.autograd.grad``, so no
-``.grad`` is touched), for steps up to ``TRAINING_TIMED_BELOW_S`` eagerly.
+the forward, then the backward of its outputs into ``.grad`` (put back
+afterwards), for steps up to ``TRAINING_TIMED_BELOW_S`` eagerly.
 Inductor lost there too: timm's ResNet-18 trained at 63.8 ms a step under
 inductor against 24.8 eagerly (same machine, ``nox -s zoo``'s worker): its
 channels-last convolutions hand back gradients that the parameters' layout
@@ -42,7 +42,10 @@ makes autograd copy. A training forward updates buffers (batch norm's running
 statistics) outside its aten graph, so every tensor input that does not
 require grad is kept before the timed steps and put back after them: the first
 call then updates them once, as eagerly. A forward that draws random numbers
-(dropout) is not timed. Inductor keeps a training step only where it is
+(dropout; timm's classifiers train with it) is timed with the caller's CPU
+generator put back afterwards, so that the first call draws what it would
+have drawn without the check; its outputs are not compared with eager's (the
+masks differ). Inductor keeps a training step only where it is
 ``TRAINING_MARGIN`` faster.
 """
 
@@ -66,7 +69,13 @@ from .config import Config
 from .inspect import GRAPH_BACKWARD, GRAPH_INFERENCE
 from .record import GraphRecord, recorder
 from .region import GraphPlan, Region
-from .training_step import kept_inputs, training_step, undoable_mutations
+from .training_step import (
+    detached_activations,
+    kept_gradients,
+    kept_inputs,
+    training_step,
+    undoable_mutations,
+)
 
 log = logging.getLogger("dispatch")
 
@@ -175,6 +184,9 @@ class CaptureCheck:
         #: backward) and their records
         self.plans: list[GraphPlan] = []
         self.records: list[CaptureRecord] = []
+        #: a checked training graph draws random numbers (dropout): the two sides'
+        #: outputs cannot match, and the caller's generator is put back after timing
+        self.draws = False
 
     @classmethod
     def of(
@@ -224,11 +236,14 @@ class CaptureCheck:
     def times(self, aten: torch.fx.GraphModule, kind: str) -> bool:
         """Whether this check times ``aten``, an aten graph of ``kind`` that inductor
         compiles whole: an inference graph that ``can_time``; for training, a forward
-        or backward graph that draws no random numbers, of a Dynamo graph whose
-        mutations the check can undo (``undoable_mutations``)."""
+        or backward graph of a Dynamo graph whose mutations the check can undo
+        (``undoable_mutations``), random numbers drawn or not."""
         if not self.training:
             return kind == GRAPH_INFERENCE and can_time(aten)
-        return kind != GRAPH_INFERENCE and can_time(aten, inputs_kept=True) and undoable_mutations()
+        if kind == GRAPH_INFERENCE or not undoable_mutations():
+            return False
+        self.draws = self.draws or not can_time(aten, inputs_kept=True)
+        return True
 
     def record_for(self, plan: GraphPlan) -> CaptureRecord | None:
         """The record of ``plan``'s checked region, whose aten graph ``can_time``
@@ -256,13 +271,21 @@ class CaptureCheck:
         assert self.records
         eager = self.as_traced.forward
         programs = {self.label: compiled, AS_TRACED: eager}
+        leaves: list[torch.Tensor] = []  # what a training step's backward fills
+        kept: list[Any] = []  # what its forward may update
+        timed_args = list(args)
         if self.training:
-            leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            timed_args = detached_activations(args)
+            leaves = [a for a in timed_args if isinstance(a, torch.Tensor) and a.requires_grad]
             leaves += [p for p in self.as_traced.parameters() if p.requires_grad]  # a graph's own
+            kept = [*args, *self.as_traced.buffers()]  # buffers too, where Dynamo did not lift them
             programs = {name: training_step(program, leaves) for name, program in programs.items()}
-        kept = [*args, *self.as_traced.buffers()] if self.training else []  # buffers Dynamo did not lift
-        with kept_inputs(kept):
-            tuning = self._measure(programs, args)
+        with (
+            kept_inputs(kept),
+            kept_gradients(leaves),
+            torch.random.fork_rng(devices=[], enabled=self.training),
+        ):
+            tuning = self._measure(programs, timed_args)
         if tuning is None:
             self._store(self.label, {})
             return compiled
@@ -302,6 +325,7 @@ class CaptureCheck:
                 lambda: expected,
                 args,
                 batch_s=BATCH_S,
+                compare=not self.draws,
             )
 
     def _store(self, winner: str, measured: dict[str, str]) -> None:

@@ -2,8 +2,9 @@
 forward, then the backward of its outputs, with every trace of the timed steps
 undone before the real call runs.
 
-The backward goes through ``torch.autograd.grad``, which hands the gradients
-back instead of adding them to ``.grad``. A training forward updates buffers
+The gradients land in ``.grad``, as a real step's do (autograd copies one whose
+strides differ from its parameter's), and every ``.grad`` is put back
+afterwards. A training forward updates buffers
 (batch norm's running statistics) outside its aten graph, so the inputs that
 do not require grad are copied first and written back where they changed. What
 cannot be written back that way (an input that requires grad changed in place,
@@ -24,18 +25,50 @@ from . import autotune
 
 def training_step(program: Callable[..., Any], leaves: Sequence[torch.Tensor]) -> Callable[..., Any]:
     """``program`` followed by the backward of its outputs that need gradients (all
-    ones as their gradients) into ``leaves``; the forward's outputs are returned.
-    ``torch.autograd.grad`` leaves every ``.grad`` as it was."""
+    ones as their gradients) into ``leaves``, whose ``.grad`` is emptied first, as
+    ``zero_grad()`` does; the forward's outputs are returned. The gradients land in
+    ``.grad`` as a real step's do: where one's strides differ from its leaf's,
+    autograd copies it to the leaf's, and that copy is part of the step
+    (``torch.autograd.grad`` would hand it back uncopied: timm's EfficientNet-B0
+    measured 28.0 ms under inductor against 34.4 as traced that way, and ran 34.5
+    against 33.0 in a training loop). Run it inside ``kept_gradients``."""
 
     def step(*a: Any) -> Any:
+        for leaf in leaves:
+            leaf.grad = None
         out = program(*a)
         needed = [o for o in autotune.flat_outputs(out) if isinstance(o, torch.Tensor) and o.requires_grad]
         if needed and leaves:
             grads = [torch.ones_like(o) for o in needed]
-            torch.autograd.grad(needed, leaves, grads, allow_unused=True)
+            torch.autograd.backward(needed, grads, inputs=list(leaves))
         return out
 
     return step
+
+
+def detached_activations(args: Sequence[Any]) -> list[Any]:
+    """``args`` with each tensor that requires grad and is no leaf (an activation
+    of the caller's graph before this one) replaced by a leaf over its data: a
+    timed step's backward computes its gradient and stops there. Run into it, the
+    backward would free the caller's graph, whose own backward then fails."""
+    leaves: dict[int, torch.Tensor] = {}
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.requires_grad and not a.is_leaf:
+            a = leaves.setdefault(id(a), a.detach().requires_grad_())
+        out.append(a)
+    return out
+
+
+@contextlib.contextmanager
+def kept_gradients(leaves: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Each of ``leaves`` has the ``.grad`` it had on entry when the block ends."""
+    kept = [leaf.grad for leaf in leaves]
+    try:
+        yield
+    finally:
+        for leaf, grad in zip(leaves, kept, strict=True):
+            leaf.grad = grad
 
 
 @contextlib.contextmanager

@@ -153,12 +153,23 @@ def test_a_training_graph_that_mutates_an_input_requiring_grad_is_not_timed(time
 
 
 @pytest.mark.parametrize("timed", [{AS_TRACED: 1.0, INDUCTOR: 2.0}], indirect=True)
-def test_a_training_graph_that_draws_random_numbers_is_not_timed(timed):
+def test_a_training_graph_with_dropout_draws_what_eager_draws(timed):
+    """timm's classifiers train with dropout. The check's steps draw masks of their
+    own; the caller's generator is put back, so that the first call, run as traced,
+    draws eager's mask and the caller's next draw is eager's too."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).train()
-    _, plans = one_step(model, torch.randn(4, 8), "auto")
-    assert timed == []
-    assert [r.route for p in plans for r in p.regions] == ["inductor", "inductor"]
+    reference, x = copy.deepcopy(model), torch.randn(4, 8)
+    torch.manual_seed(1)
+    out, plans = one_step(model, x, "auto")
+    after = torch.rand(4)
+    torch.manual_seed(1)
+    expected, _ = one_step(reference, x, None)
+    assert timed == [{INDUCTOR, AS_TRACED}]
+    assert [r.route for p in plans for r in p.regions] == ["eager", "eager"]
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(after, torch.rand(4))
+    assert_same_state(model, reference)
 
 
 def test_optimizer_steps_track_eager_whichever_side_the_check_picks():
@@ -181,3 +192,33 @@ def test_optimizer_steps_track_eager_whichever_side_the_check_picks():
         for optimizer in optimizers:
             optimizer.step()
     assert int(model[1].num_batches_tracked) == 4
+
+
+class BreaksItsGraph(torch.nn.Module):
+    """Two Dynamo graphs: the second's input is the first's activation, which
+    requires grad and is no leaf."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x).tanh()
+        torch._dynamo.graph_break()
+        return self.second(h)
+
+
+@pytest.mark.parametrize("timed", [{AS_TRACED: 1.0, INDUCTOR: 2.0}], indirect=True)
+def test_the_check_of_a_later_graph_leaves_the_earlier_graphs_backward_to_the_caller(timed):
+    """The second graph's timed steps run backward into its activation input and
+    stop there: the first graph's saved tensors are still there for the caller's
+    backward, and no ``.grad`` holds what the timed steps computed."""
+    torch.manual_seed(0)
+    model = BreaksItsGraph()
+    reference, x = copy.deepcopy(model), torch.randn(4, 8)
+    out, plans = one_step(model, x, "auto")
+    expected, _ = one_step(reference, x, None)
+    assert timed == [{INDUCTOR, AS_TRACED}, {INDUCTOR, AS_TRACED}]
+    assert [r.route for p in plans for r in p.regions] == ["eager"] * 4
+    torch.testing.assert_close(out, expected)
+    assert_same_state(model, reference)
