@@ -170,12 +170,16 @@ class CaptureCheck:
         self.route = route
         #: a step (forward and backward) is timed, not a call
         self.training = training
-        #: the compiled side's name in the times, and the longest eager call timed
-        self.label, self.timed_below_s = (
-            (CAPTURED, TIMED_BELOW_S) if route == CUDAGRAPHS else (route, CPU_TIMED_BELOW_S)
+        #: the compiled side's name in the times
+        self.label = CAPTURED if route == CUDAGRAPHS else route
+        #: the longest eager call (or step) timed
+        self.timed_below_s = (
+            TRAINING_TIMED_BELOW_S
+            if training
+            else TIMED_BELOW_S
+            if route == CUDAGRAPHS
+            else CPU_TIMED_BELOW_S
         )
-        if training:
-            self.timed_below_s = TRAINING_TIMED_BELOW_S
         self.as_traced = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # shares gm's tensors
         stored = self.cache.get_json(_KIND, key)
         #: the decision a former process stored for this graph, read once
@@ -237,12 +241,13 @@ class CaptureCheck:
         """Whether this check times ``aten``, an aten graph of ``kind`` that inductor
         compiles whole: an inference graph that ``can_time``; for training, a forward
         or backward graph of a Dynamo graph whose mutations the check can undo
-        (``undoable_mutations``), random numbers drawn or not."""
+        (``undoable_mutations``), random numbers drawn or not (a graph that draws
+        sets ``draws``: its outputs are then not compared with eager's)."""
         if not self.training:
             return kind == GRAPH_INFERENCE and can_time(aten)
         if kind == GRAPH_INFERENCE or not undoable_mutations():
             return False
-        self.draws = self.draws or not can_time(aten, inputs_kept=True)
+        self.draws = self.draws or draws_random_numbers(aten)
         return True
 
     def record_for(self, plan: GraphPlan) -> CaptureRecord | None:
@@ -357,18 +362,24 @@ class _FirstCallCheck:
         return self.chosen(*args)
 
 
-def can_time(aten: torch.fx.GraphModule, inputs_kept: bool = False) -> bool:
-    """False where an aten graph mutates (an input: a timed call would do so again;
-    unless ``inputs_kept``, where ``kept_inputs`` undoes that) or draws random
-    numbers (timing would move the caller's generator on)."""
-    for node in aten.graph.nodes:
-        target = node.target
-        if isinstance(target, torch._ops.OpOverload) and (
-            (target._schema.is_mutable and not inputs_kept)
-            or (torch.Tag.nondeterministic_seeded in target.tags and _draws(node, target))
-        ):
-            return False
-    return True
+def can_time(aten: torch.fx.GraphModule) -> bool:
+    """False where an aten graph mutates (an input: a timed call would do so again)
+    or draws random numbers (timing would move the caller's generator on)."""
+    mutates = any(
+        isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable
+        for node in aten.graph.nodes
+    )
+    return not mutates and not draws_random_numbers(aten)
+
+
+def draws_random_numbers(aten: torch.fx.GraphModule) -> bool:
+    """Whether an aten graph has an op that draws from a generator."""
+    return any(
+        isinstance(node.target, torch._ops.OpOverload)
+        and torch.Tag.nondeterministic_seeded in node.target.tags
+        and _draws(node, node.target)
+        for node in aten.graph.nodes
+    )
 
 
 def _draws(node: torch.fx.Node, target: torch._ops.OpOverload) -> bool:

@@ -306,8 +306,8 @@ class PlanningInnerCompile:
         self.compiler = compiler
         self.capture = capture
         self.trial = trial
-        #: times an inference graph compiled whole (captured on CUDA) against the
-        #: graph as traced (``capture_check.py``)
+        #: times a graph compiled whole (captured on CUDA; a training step on CPU)
+        #: against the graph as traced (``capture_check.py``)
         self.check = check
         #: where the plans of graphs compiled whole are stored, for AOTAutograd's cache hits
         self.served = served
