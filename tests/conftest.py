@@ -79,20 +79,34 @@ def demo(request):
     registry.remove("demo")
 
 
+def counted(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[int]:
+    """A one-item list counting the calls of ``owner.name`` (a module's function or a
+    class's method) from now on; each call still runs."""
+    count = [0]
+    real = getattr(owner, name)
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return count
+
+
 @pytest.fixture
 def onnx_exports(monkeypatch):
     """A one-item list counting the onnxrt route's ONNX exports from now on."""
     import dispatch.routes.onnxrt as onnxrt_route
 
-    count = [0]
-    export = onnxrt_route.export_region
+    return counted(monkeypatch, onnxrt_route, "export_region")
 
-    def counting(*args, **kwargs):
-        count[0] += 1
-        return export(*args, **kwargs)
 
-    monkeypatch.setattr(onnxrt_route, "export_region", counting)
-    return count
+@pytest.fixture
+def compiles(monkeypatch):
+    """A one-item list counting inductor's inner compiles from now on."""
+    import torch._inductor.compile_fx as compile_fx_module
+
+    return counted(monkeypatch, compile_fx_module, "compile_fx_inner")
 
 
 @pytest.fixture(autouse=True)

@@ -44,22 +44,6 @@ def captured_lead(monkeypatch):
     )
 
 
-@pytest.fixture
-def compiles(monkeypatch):
-    """How many times inductor's inner compile ran from now on."""
-    import torch._inductor.compile_fx as compile_fx_module
-
-    count = [0]
-    real = compile_fx_module.compile_fx_inner
-
-    def counting(*args, **kwargs):
-        count[0] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(compile_fx_module, "compile_fx_inner", counting)
-    return count
-
-
 @pytest.mark.parametrize("timed", [{AS_TRACED: 1.0, CAPTURED: 2.0}], indirect=True)
 @torch.no_grad()
 def test_a_small_graph_runs_as_traced_where_that_beat_its_capture(captured_lead, timed, compiles):

@@ -15,6 +15,7 @@ from torch._dynamo.utils import counters
 import dispatch.inductor_baseline as baseline
 from dispatch.record import recorder
 from dispatch.served_plans import KIND
+from tests.conftest import counted
 from tests.models import MLP
 
 pytestmark = pytest.mark.usefixtures("training_stays_on_inductor")
@@ -30,15 +31,7 @@ def aotautograd_cache_on():
 @pytest.fixture
 def inner_calls(monkeypatch):
     """How many aten graphs the planning inner compile saw."""
-    calls = [0]
-    original = baseline.PlanningInnerCompile.__call__
-
-    def counting(self, *args, **kwargs):
-        calls[0] += 1
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(baseline.PlanningInnerCompile, "__call__", counting)
-    return calls
+    return counted(monkeypatch, baseline.PlanningInnerCompile, "__call__")
 
 
 @pytest.fixture

@@ -25,22 +25,6 @@ def every_step_is_short(monkeypatch):
     monkeypatch.setattr(capture_check, "TRAINING_TIMED_BELOW_S", float("inf"))
 
 
-@pytest.fixture
-def compiles(monkeypatch):
-    """How many times inductor's inner compile ran from now on."""
-    import torch._inductor.compile_fx as compile_fx_module
-
-    count = [0]
-    real = compile_fx_module.compile_fx_inner
-
-    def counting(*args, **kwargs):
-        count[0] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(compile_fx_module, "compile_fx_inner", counting)
-    return count
-
-
 def with_batch_norm() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU()).train()
@@ -56,6 +40,16 @@ def one_step(model: torch.nn.Module, x: torch.Tensor, backend: str | None) -> tu
     return out, list(plans)
 
 
+def stepped_as_eager(model: torch.nn.Module, reference: torch.nn.Module, x: torch.Tensor) -> list:
+    """One step of ``model`` under auto and of ``reference`` eagerly, asserted alike
+    (outputs, state, gradients); the plans of the graphs auto compiled."""
+    out, plans = one_step(model, x, "auto")
+    expected, _ = one_step(reference, x, None)
+    torch.testing.assert_close(out, expected)
+    assert_same_state(model, reference)
+    return plans
+
+
 def assert_same_state(model: torch.nn.Module, reference: torch.nn.Module) -> None:
     for (name, got), expected in zip(model.state_dict().items(), reference.state_dict().values()):
         torch.testing.assert_close(got, expected, msg=f"{name} differs from eager's")
@@ -69,12 +63,9 @@ def test_a_training_step_runs_as_traced_where_that_beat_inductor(timed, compiles
     The check's steps update batch norm's statistics each time: they are put back."""
     model, x = with_batch_norm(), torch.randn(4, 8)
     reference = copy.deepcopy(model)
-    out, plans = one_step(model, x, "auto")
-    expected, _ = one_step(reference, x, None)
+    plans = stepped_as_eager(model, reference, x)
     assert timed == [{INDUCTOR, AS_TRACED}]
-    torch.testing.assert_close(out, expected)
     assert int(model[1].num_batches_tracked) == 1
-    assert_same_state(model, reference)
     regions = [r for p in plans for r in p.regions]
     assert [(p.kind, r.route, r.planned_route) for p in plans for r in p.regions] == [
         ("forward", "eager", "inductor"),
@@ -88,12 +79,9 @@ def test_a_training_step_runs_as_traced_where_that_beat_inductor(timed, compiles
     # A warm start: the stored decision, nothing compiled, nothing timed, the same step.
     torch._dynamo.reset()
     compiles[0] = 0
-    again, warm = one_step(model, x, "auto")
-    expected_again, _ = one_step(reference, x, None)
+    warm = stepped_as_eager(model, reference, x)  # gradients of both steps, statistics updated twice
     assert compiles[0] == 0 and len(timed) == 1
     assert [r.route for p in warm for r in p.regions] == ["eager", "eager"]
-    torch.testing.assert_close(again, expected_again)
-    assert_same_state(model, reference)  # gradients of both steps, statistics updated twice
 
 
 @pytest.mark.parametrize(
@@ -106,12 +94,8 @@ def test_a_training_step_runs_as_traced_where_that_beat_inductor(timed, compiles
 )
 def test_a_training_step_stays_on_inductor_only_where_it_won_by_the_margin(timed, route, inductor_ms):
     model, x = with_batch_norm(), torch.randn(4, 8)
-    reference = copy.deepcopy(model)
-    out, plans = one_step(model, x, "auto")
-    expected, _ = one_step(reference, x, None)
+    plans = stepped_as_eager(model, copy.deepcopy(model), x)
     assert timed == [{INDUCTOR, AS_TRACED}]
-    torch.testing.assert_close(out, expected)
-    assert_same_state(model, reference)
     regions = [r for p in plans for r in p.regions]
     assert [r.route for r in regions] == [route, route]
     line = f"inductor {inductor_ms}, as traced (eager) 2.00 ms"
@@ -209,10 +193,6 @@ def test_the_check_of_a_later_graph_leaves_the_earlier_graphs_backward_to_the_ca
     backward, and no ``.grad`` holds what the timed steps computed."""
     torch.manual_seed(0)
     model = BreaksItsGraph()
-    reference, x = copy.deepcopy(model), torch.randn(4, 8)
-    out, plans = one_step(model, x, "auto")
-    expected, _ = one_step(reference, x, None)
+    plans = stepped_as_eager(model, copy.deepcopy(model), torch.randn(4, 8))
     assert timed == [{INDUCTOR, AS_TRACED}, {INDUCTOR, AS_TRACED}]
     assert [r.route for p in plans for r in p.regions] == ["eager"] * 4
-    torch.testing.assert_close(out, expected)
-    assert_same_state(model, reference)
