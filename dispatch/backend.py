@@ -48,6 +48,7 @@ from .record import GraphRecord, recorder
 from .region import Plan, Region, region_table
 from .routes import registry
 from .stitch import COMPILE_LOCK, StitchedGraph, stitch, unsplit_copy
+from .update_step import mutated_inputs
 
 log = logging.getLogger("dispatch")
 
@@ -293,9 +294,9 @@ class _GraphCompiler:
         if kind != GRAPH_BACKWARD and len(placeholders) == lifted + self.inputs.count:
             names = {lifted + i: name for i, name in self.inputs.names.items()}
             if kind == GRAPH_INFERENCE and static is None:
-                mark_static_inputs(gm, self.inputs.static, lifted, _mutated_inputs())
+                mark_static_inputs(gm, self.inputs.static, lifted, mutated_inputs())
         if kind == GRAPH_INFERENCE and static is not None:
-            mark_static_inputs(gm, static, 0, _mutated_inputs())
+            mark_static_inputs(gm, static, 0, mutated_inputs())
         # Kept unsplit where inductor may stand in for a graph that ORT regions
         # and eager work cut (graph_tuning compiles it whole).
         whole = unsplit_copy(gm) if kind == GRAPH_INFERENCE and self._may_cut() else None
@@ -369,18 +370,6 @@ def _wrapper_is_identity() -> bool:
         and not meta.is_rng_op_functionalized
         and all(_plain(m) for m in meta.subclass_inp_meta)
         and all(_plain(m) for m in getattr(meta, "subclass_fw_graph_out_meta", ()) or ())
-    )
-
-
-def _mutated_inputs() -> frozenset[int]:
-    """Positions of the inputs AOTAutograd saw the graph update in place."""
-    from torch._guards import TracingContext
-
-    meta = getattr(TracingContext.try_get(), "fw_metadata", None)
-    if meta is None:
-        return frozenset()
-    return frozenset(
-        i for i, info in enumerate(meta.input_info) if info.mutates_data or info.mutates_metadata
     )
 
 

@@ -71,6 +71,7 @@ from .routes import registry
 from .routes.cudagraphs import PoolOutputs
 from .served_plans import ServedPlans, fingerprint_pass, graph_key, publish, settings_fingerprint
 from .stitch import COMPILE_LOCK, FallbackWarning
+from .update_step import is_update_step
 
 if TYPE_CHECKING:
     from .backend import _GraphCompiler
@@ -116,7 +117,7 @@ def inductor_lead(
     inference = not needs_gradients(example_inputs)
     try:
         kind = GRAPH_INFERENCE if inference else GRAPH_FORWARD
-        order, _ = route_order(device, kind, config, holds_bfloat16(gm))
+        order, _ = route_order(device, kind, config, holds_bfloat16(gm), is_update_step(gm))
     except DispatchError:
         return None  # the ordinary path raises it, when the graph is called
     leading = [name for name in order if not registry.get(name).wraps]
@@ -406,7 +407,7 @@ def whole_graph_plan(
         facts.devices,
         facts.dynamic,
         facts.node_count,
-        {device: route_order(device, kind, config, facts.bfloat16)[0]},
+        {device: route_order(device, kind, config, facts.bfloat16, facts.update_step)[0]},
         [region],
         facts.dynamic_dims,
     )

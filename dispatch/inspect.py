@@ -16,6 +16,8 @@ from typing import TypeGuard
 import torch
 import torch.fx
 
+from .update_step import is_update_step
+
 META_VAL = "val"  # torch's own key: the fake value a node produces
 META_EXAMPLE_VALUE = "example_value"  # the same, on the graphs Dynamo hands a backend
 META_STATIC = "dispatch_static"  # ours: a placeholder fed by a parameter or buffer
@@ -244,6 +246,8 @@ class GraphFacts:
     node_count: int
     dynamic: bool
     dynamic_dims: tuple[str, ...] = ()
+    #: it writes its inputs in place and multiplies no matrices (``update_step.py``)
+    update_step: bool = False
 
     @property
     def needs_grad(self) -> bool:
@@ -266,4 +270,7 @@ def graph_facts(gm: torch.fx.GraphModule, kind: str, input_names: dict[int, str]
     ops = tuple(dict.fromkeys(op_name(n) for n in nodes if n.target is not operator.getitem))
     dynamic = any(is_symbolic(n) for n in gm.graph.nodes if n.op == "placeholder")
     dims = dynamic_dims(gm, input_names)
-    return GraphFacts(kind, frozenset(devices), frozenset(dtypes), ops, len(nodes), dynamic, dims)
+    update_step = kind == GRAPH_INFERENCE and is_update_step(gm)
+    return GraphFacts(
+        kind, frozenset(devices), frozenset(dtypes), ops, len(nodes), dynamic, dims, update_step
+    )

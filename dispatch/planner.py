@@ -51,10 +51,11 @@ class NodeChoice:
 
 
 def route_order(
-    device: str, kind: str, config: Config, bfloat16: bool = False
+    device: str, kind: str, config: Config, bfloat16: bool = False, update_step: bool = False
 ) -> tuple[tuple[str, ...], dict[str, str]]:
     """Routes to try for ``device``/``kind`` in priority order, and why others are left out;
-    ``bfloat16``: the graph computes in bfloat16 (``rules.BFLOAT16_RULES``)."""
+    ``bfloat16``: the graph computes in bfloat16 (``rules.BFLOAT16_RULES``);
+    ``update_step``: it is an update step (``rules.UPDATE_STEP_RULES``)."""
     left_out: dict[str, str] = {}
     if config.routes is not None:
         order = list(config.routes)
@@ -64,7 +65,7 @@ def route_order(
         if not config.strict and "eager" not in order:
             order.append("eager")
     else:
-        rule = default_rule(device, kind, bfloat16)
+        rule = default_rule(device, kind, bfloat16, update_step)
         order = list(rule.routes)
         extra = [
             r.name
@@ -144,7 +145,7 @@ def choose_routes(
         device_types = sorted({d.type for d in devices}, key=lambda t: t == "cpu")
         device = device_types[0] if device_types else "cpu"
         if device not in orders:
-            orders[device] = route_order(device, facts.kind, config, facts.bfloat16)
+            orders[device] = route_order(device, facts.kind, config, facts.bfloat16, facts.update_step)
             for name in orders[device][0]:
                 if name not in prepared and availability(registry.get(name)).ok:
                     registry.get(name).prepare(gm, facts)
@@ -195,7 +196,10 @@ def plan_graph(
     check_forced_route(config, facts)
     choices = choose_routes(gm, facts, config)
     devices = {c.device for c in choices.values()} | set(facts.devices)
-    order = {device: route_order(device, kind, config, facts.bfloat16)[0] for device in sorted(devices)}
+    order = {
+        device: route_order(device, kind, config, facts.bfloat16, facts.update_step)[0]
+        for device in sorted(devices)
+    }
     regions = form_regions(gm, choices, order, config.min_region_size, graph_index, kind)
     regions = _plan_capture(gm, regions, order, facts)
     plan = GraphPlan(

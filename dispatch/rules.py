@@ -29,6 +29,12 @@ _CPU_INFERENCE_BFLOAT16 = Rule(
     "most such graphs faster than eager; each is timed against eager on its first call "
     "(benchmarks/README.md)",
 )
+_CPU_UPDATE_STEP = Rule(
+    ("inductor", "eager"),
+    "CPU update step (it writes its inputs in place and multiplies no matrices: an optimizer's "
+    "step, an average of weights): inductor writes them in place in fused loops, where ONNX Runtime "
+    "returns each as a new tensor to copy back (benchmarks/README.md)",
+)
 _CPU_TRAINING = Rule(
     ("inductor", "eager"),
     "CPU training: inductor compiles forward and backward graphs; ONNX Runtime runs inference only; "
@@ -61,11 +67,18 @@ RULES: dict[tuple[str, str], Rule] = {
 # Where a graph computes in bfloat16 (a bfloat16 model, or autocast to it), these
 # replace the rules above: the rule's first route could not run its arithmetic.
 BFLOAT16_RULES: dict[tuple[str, str], Rule] = {("cpu", GRAPH_INFERENCE): _CPU_INFERENCE_BFLOAT16}
+# Where a graph is an update step (``update_step.py``), these replace the rules above.
+UPDATE_STEP_RULES: dict[tuple[str, str], Rule] = {("cpu", GRAPH_INFERENCE): _CPU_UPDATE_STEP}
 
 
-def default_rule(device: str, kind: str, bfloat16: bool = False) -> Rule:
-    """The rule for ``device``/``kind``; ``bfloat16``: the graph computes in bfloat16."""
-    rule = (BFLOAT16_RULES.get((device, kind)) if bfloat16 else None) or RULES.get((device, kind))
+def default_rule(device: str, kind: str, bfloat16: bool = False, update_step: bool = False) -> Rule:
+    """The rule for ``device``/``kind``; ``bfloat16``: the graph computes in bfloat16;
+    ``update_step``: it writes its inputs in place and multiplies no matrices."""
+    rule = (
+        (UPDATE_STEP_RULES.get((device, kind)) if update_step else None)
+        or (BFLOAT16_RULES.get((device, kind)) if bfloat16 else None)
+        or RULES.get((device, kind))
+    )
     if rule is None:
         return Rule(_NOT_YET.routes, _NOT_YET.reason.format(device=device))
     return rule
