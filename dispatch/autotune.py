@@ -65,11 +65,14 @@ def measure(
     budget_s: float | None = None,
     batch_s: float = BATCH_S,
     compare: bool = True,
+    batches: int = BATCHES,
+    rewarm_calls: int = REWARM_CALLS,
 ) -> Tuning:
     """Compile, check and time each candidate; never on fake tensors. ``batch_s``:
     how long each timed batch runs (``median_call_s``). ``compare=False`` where no
     candidate's outputs can match the reference's (they draw random numbers): each
-    still runs once before it is timed."""
+    still runs once before it is timed. ``batches`` and ``rewarm_calls``: as
+    ``median_call_s`` takes them."""
     budget_s = BUDGET_S if budget_s is None else budget_s
     if any(isinstance(a, torch._subclasses.FakeTensor) for a in args):
         raise RuntimeError("autotune measures real inputs only; these are fake")
@@ -91,7 +94,7 @@ def measure(
             tuning.reasons[route] = f"not measured: {detail}"
             continue
         compiled[route] = fn
-    tuning.seconds = median_call_s(compiled, args, batch_s)
+    tuning.seconds = median_call_s(compiled, args, batch_s, batches, rewarm_calls)
     if tuning.seconds:
         tuning.best = tuning.ranking()[0]
         tuning.compiled = compiled[tuning.best]
@@ -105,7 +108,11 @@ def measure(
 
 
 def median_call_s(
-    candidates: dict[str, CompiledFn], args: Sequence[Any], batch_s: float = BATCH_S
+    candidates: dict[str, CompiledFn],
+    args: Sequence[Any],
+    batch_s: float = BATCH_S,
+    batches: int = BATCHES,
+    rewarm_calls: int = REWARM_CALLS,
 ) -> dict[str, float]:
     """Median seconds per call of each candidate, from batches taken in turn.
 
@@ -114,7 +121,9 @@ def median_call_s(
     candidate's idle worker threads (ORT's, OpenMP's) stop spinning first, and
     a few untimed calls then wake this candidate's, so that each batch times
     back-to-back calls, as a model serving requests makes them. On CUDA each
-    timing waits for the device (a call returns once its kernels are queued)."""
+    timing waits for the device (a call returns once its kernels are queued).
+    Fewer ``batches`` and ``rewarm_calls`` suit calls long enough that a few of
+    them measure well (a training step of 100 ms)."""
     sync = synchronizer(args)
     calls = {}
     for route, fn in candidates.items():
@@ -127,10 +136,10 @@ def median_call_s(
         one = max(time.perf_counter() - start, 1e-7)
         calls[route] = max(1, min(1000, int(batch_s / one)))
     samples: dict[str, list[float]] = {route: [] for route in candidates}
-    for _ in range(BATCHES):
+    for _ in range(batches):
         for route, fn in candidates.items():
             time.sleep(PAUSE_S)
-            for _ in range(REWARM_CALLS):
+            for _ in range(rewarm_calls):
                 fn(*args)
             sync()
             start = time.perf_counter()

@@ -88,8 +88,17 @@ CUDAGRAPHS = "cudagraphs"
 TIMED_BELOW_S = 1e-3
 #: ... and on CPU, kept on inductor without timing
 CPU_TIMED_BELOW_S = 50e-3
-#: ... and for a CPU training step (forward and backward)
-TRAINING_TIMED_BELOW_S = 100e-3
+#: ... and for a CPU training step (forward and backward). A step of timm's
+#: ResNet-18 (2 images of 64²) took 21-37 ms eagerly on an AVX-512 machine and
+#: 90-120 ms on an AVX2 one, where inductor's step took 180 ms: at a bar of
+#: 100 ms the slower machine kept inductor untimed. Timing costs about 20 steps
+#: (``LONG_STEP_BATCHES``), once per graph (the decision is stored), beside a
+#: training compile of tens of seconds.
+TRAINING_TIMED_BELOW_S = 1.0
+#: a step at least this long is timed over fewer batches, each woken by one call:
+#: its own length already averages what a batch of short calls would
+LONG_STEP_S = 20e-3
+LONG_STEP_BATCHES = 3
 #: a training step stays on inductor only where it took under this share of the
 #: step as traced: within it the two are a tie that the check's few steps cannot
 #: split (hf_bert measured 2.98 against 3.08 ms in its check, and ran 3.43
@@ -321,8 +330,10 @@ class CaptureCheck:
         start = time.perf_counter()
         eager(*args)
         sync()
-        if time.perf_counter() - start >= self.timed_below_s:
+        step_s = time.perf_counter() - start
+        if step_s >= self.timed_below_s:
             return None
+        long_steps = self.training and step_s >= LONG_STEP_S
         with _disable_current_modes():  # a mode the caller runs under is not timed
             return autotune.measure(
                 list(programs),
@@ -331,6 +342,8 @@ class CaptureCheck:
                 args,
                 batch_s=BATCH_S,
                 compare=not self.draws,
+                batches=LONG_STEP_BATCHES if long_steps else autotune.BATCHES,
+                rewarm_calls=1 if long_steps else autotune.REWARM_CALLS,
             )
 
     def _store(self, winner: str, measured: dict[str, str]) -> None:

@@ -148,7 +148,7 @@ def timed(monkeypatch, request):
 
     ms, seen = request.param, []
 
-    def median_call_s(candidates, args, batch_s=None):
+    def median_call_s(candidates, args, batch_s=None, batches=None, rewarm_calls=None):
         seen.append(set(candidates))
         for fn in candidates.values():
             fn(*args)

@@ -141,7 +141,7 @@ def _fake_timing(monkeypatch, fast: set[str]) -> list[set[str]]:
     returns the candidate sets that were timed."""
     timed: list[set[str]] = []
 
-    def median_call_s(candidates, args, batch_s=None):
+    def median_call_s(candidates, args, batch_s=None, batches=None, rewarm_calls=None):
         timed.append(set(candidates))
         for fn in candidates.values():
             fn(*args)

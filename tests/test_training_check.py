@@ -17,6 +17,7 @@ from dispatch.capture_check import AS_TRACED, INDUCTOR
 from dispatch.record import recorder
 
 STEP = "training step (forward and backward)"
+REAL_BAR = capture_check.TRAINING_TIMED_BELOW_S  # read before ``every_step_is_short`` patches it
 
 
 @pytest.fixture(autouse=True)
@@ -100,6 +101,38 @@ def test_a_training_step_stays_on_inductor_only_where_it_won_by_the_margin(timed
     assert [r.route for r in regions] == [route, route]
     line = f"inductor {inductor_ms}, as traced (eager) 2.00 ms"
     assert [r.measured["whole graph"] for r in regions] == [line, line]
+
+
+class SlowMachineClock:
+    """``time`` for the check: each eager step it times takes 300 ms."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 0.15  # a step is the time between two readings
+        return self.now
+
+
+def test_a_slow_machine_s_long_step_is_timed_over_few_batches(monkeypatch):
+    """timm's ResNet-18 (2 images of 64²) took 90-120 ms a step eagerly on an AVX2
+    machine, 21-37 on an AVX-512 one, and 180 under inductor on the first: a bar of
+    100 ms kept inductor there untimed. A step that long is timed, in few batches."""
+    monkeypatch.setattr(capture_check, "TRAINING_TIMED_BELOW_S", REAL_BAR)
+    monkeypatch.setattr(capture_check, "time", SlowMachineClock())
+    timed = []
+
+    def median_call_s(candidates, args, batch_s=None, batches=None, rewarm_calls=None):
+        timed.append((set(candidates), batches, rewarm_calls))
+        for fn in candidates.values():
+            fn(*args)
+        return {INDUCTOR: 0.18, AS_TRACED: 0.1}
+
+    monkeypatch.setattr(capture_check.autotune, "median_call_s", median_call_s)
+    model, x = with_batch_norm(), torch.randn(4, 8)
+    plans = stepped_as_eager(model, copy.deepcopy(model), x)
+    assert timed == [({INDUCTOR, AS_TRACED}, capture_check.LONG_STEP_BATCHES, 1)]
+    assert [r.route for p in plans for r in p.regions] == ["eager", "eager"]
 
 
 class MutatesItsInput(torch.nn.Module):
