@@ -201,20 +201,11 @@ class CaptureCheck:
         #: outputs cannot match, and the caller's generator is put back after timing
         self.draws = False
 
-    @classmethod
-    def of(
-        cls,
-        config: Config,
-        gm: torch.fx.GraphModule,
-        key: str,
-        graph_index: int,
-        route: str = CUDAGRAPHS,
-        training: bool = False,
-    ) -> CaptureCheck | None:
-        """The check for ``gm``, or None where nothing is timed."""
-        if config.forced or not config.allows("eager"):
-            return None
-        return cls(config, gm, key, graph_index, route, training)
+    @staticmethod
+    def wanted(config: Config) -> bool:
+        """Whether a check times anything under ``config``: not where the user forced a
+        route or left eager out (the graph as traced could not win)."""
+        return not config.forced and config.allows("eager")
 
     def stored_eager(self) -> Callable[..., Any] | None:
         """On a warm start where eager won: the graph as traced, its stored plan

@@ -156,9 +156,9 @@ def _compile_fx_served(
     fingerprint = settings_fingerprint(config)
     key = graph_key(gm, example_inputs, fingerprint)
     check = None
-    if lead.capture or lead.cpu_check:
+    if (lead.capture or lead.cpu_check) and CaptureCheck.wanted(config):
         route = CUDAGRAPHS if lead.capture else INDUCTOR
-        check = CaptureCheck.of(config, gm, key, compiler.graph_index, route, lead.training)
+        check = CaptureCheck(config, gm, key, compiler.graph_index, route, lead.training)
     if check is not None and (eager := check.stored_eager()) is not None:
         return eager  # a warm start where the graph as traced won: nothing compiles
     if not trusted_root(config.cache_dir):

@@ -21,6 +21,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from . import autotune
+from .update_step import aot_input_info
 
 
 def training_step(program: Callable[..., Any], leaves: Sequence[torch.Tensor]) -> Callable[..., Any]:
@@ -97,8 +98,7 @@ def undoable_mutations() -> bool:
     """Whether every input that the training graph AOTAutograd is compiling now
     mutates is one ``kept_inputs`` puts back: its data changes, not its shape or
     strides, and it does not require grad. False where AOTAutograd says nothing."""
-    context = torch._guards.TracingContext.try_get()
-    metadata = getattr(context, "fw_metadata", None)
-    if metadata is None:
+    info = aot_input_info()
+    if info is None:
         return False
-    return not any(i.mutates_metadata or (i.mutates_data and i.requires_grad) for i in metadata.input_info)
+    return not any(i.mutates_metadata or (i.mutates_data and i.requires_grad) for i in info)

@@ -16,6 +16,7 @@ updates.
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import torch
 import torch.fx
@@ -56,25 +57,29 @@ def is_update_step(gm: torch.fx.GraphModule) -> bool:
             return False  # a module Dynamo did not inline: what it computes is unknown
         if node.op not in ("call_function", "call_method"):
             continue
-        if _multiplies_matrices(_base_name(node)):
+        name = _base_name(node)
+        if _multiplies_matrices(name):
             return False
         writes_input = writes_input or (
-            _writes_in_place(node) and _is_input(node.args[0] if node.args else None)
+            _writes_in_place(node, name) and _is_input(node.args[0] if node.args else None)
         )
     return writes_input or bool(mutated_inputs())
+
+
+def aot_input_info() -> list[Any] | None:
+    """AOTAutograd's metadata of each input of the graph it is compiling now (what
+    it mutates, whether it requires grad); None outside its compile."""
+    from torch._guards import TracingContext
+
+    meta = getattr(TracingContext.try_get(), "fw_metadata", None)
+    return None if meta is None else list(meta.input_info)
 
 
 def mutated_inputs() -> frozenset[int]:
     """Positions of the inputs that AOTAutograd saw the graph it is compiling now
     update in place; empty outside its compile."""
-    from torch._guards import TracingContext
-
-    meta = getattr(TracingContext.try_get(), "fw_metadata", None)
-    if meta is None:
-        return frozenset()
-    return frozenset(
-        i for i, info in enumerate(meta.input_info) if info.mutates_data or info.mutates_metadata
-    )
+    info = aot_input_info() or []
+    return frozenset(i for i, each in enumerate(info) if each.mutates_data or each.mutates_metadata)
 
 
 def _multiplies_matrices(name: str) -> bool:
@@ -96,14 +101,13 @@ def _base_name(node: torch.fx.Node) -> str:
     return getattr(target, "__name__", "")
 
 
-def _writes_in_place(node: torch.fx.Node) -> bool:
+def _writes_in_place(node: torch.fx.Node, name: str) -> bool:
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         schema = target._schema
         return bool(schema.arguments) and schema.arguments[0].alias_info is not None and schema.is_mutable
     if target in _IN_PLACE_OPERATORS:
         return True
-    name = _base_name(node)
     return name.endswith("_") and not name.endswith("__")
 
 
