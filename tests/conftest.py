@@ -102,6 +102,16 @@ def onnx_exports(monkeypatch):
 
 
 @pytest.fixture
+def onnx_bakes(monkeypatch):
+    """A one-item list counting the ONNX models the onnxrt route makes from now on,
+    each with one set of weights baked in: an export, or another set baked into
+    an earlier export's program (``onnx_rebake.py``)."""
+    import dispatch.routes.onnx_export as onnx_export
+
+    return counted(monkeypatch, onnx_export, "finished_model")
+
+
+@pytest.fixture
 def compiles(monkeypatch):
     """A one-item list counting inductor's inner compiles from now on."""
     import torch._inductor.compile_fx as compile_fx_module

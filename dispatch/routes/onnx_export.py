@@ -8,10 +8,9 @@ tensor input that carries the same size, so the ONNX model takes tensors only.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import warnings
-from collections.abc import Collection, Iterable, Iterator, Sequence
+import functools
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -22,8 +21,9 @@ from .onnx_fusions import fusible_for_onnx_runtime
 from .onnx_guards import shape_guards
 from .onnx_model import OnnxModel
 from .onnx_nan import flag_nan_inputs, nan_as_in_torch
-from .onnx_ops import export_opset, onnx_registry, quiet_loggers
+from .onnx_ops import export_opset, exporters_quiet, onnx_registry
 from .onnx_outputs import output_values
+from .onnx_rebake import Rebake
 from .onnx_rewrites import rewrite_for_onnx
 
 
@@ -41,17 +41,18 @@ def export_region(
     guards on their sizes that the export took (``onnx_guards.py``). The ops that pass over
     NaN (``onnx_nan.py``) compute torch's result in the model, or with
     ``flag_nan`` are left as they are and flagged in a last output, ``NAN_SEEN``,
-    where the model has one.
+    where the model has one. Its ``for_other_weights`` bakes another set of
+    weights into the same export without exporting again (``onnx_rebake.py``).
     """
     root = torch.nn.Module()
     graph = copy.deepcopy(gm.graph)
     placeholders = graph.find_nodes(op="placeholder")
-    args, dynamic, positions = [], [], {}
+    args, dynamic, positions, buffers = [], [], {}, {}
     for i, node in enumerate(placeholders):
         value = example_inputs[i]
         value = value.detach() if isinstance(value, torch.Tensor) else value
         if i in frozen:
-            name = f"frozen_{node.name}"
+            name = buffers[i] = f"frozen_{node.name}"
             root.register_buffer(name, value)
             with graph.inserting_before(node):
                 constant = graph.get_attr(name)
@@ -73,15 +74,27 @@ def export_region(
     fusible_for_onnx_runtime(graph)
     module = torch.fx.GraphModule(root, graph)
     dynamic_shapes = tuple(dynamic) if any(dynamic) else None
-    with _exporters_quiet(), torch.no_grad():
+    with exporters_quiet(), torch.no_grad():
         program = _export(module, tuple(args), dynamic_shapes)
     guards = shape_guards(program, positions) if dynamic_shapes is not None else ()
-    _outputs_in_traced_dtypes(program.model, gm)
+    finish = functools.partial(finished_model, gm, flag_nan, guards)
+    model = finish(program.model)
+    if buffers:
+        model.for_other_weights = Rebake.of(program, buffers, finish)
+    return model
+
+
+def finished_model(
+    gm: torch.fx.GraphModule, flag_nan: bool, guards: tuple[str, ...], model: Any
+) -> OnnxModel:
+    """The exporter's ``onnx_ir`` model of ``gm``, its outputs in ``gm``'s dtypes and
+    its NaN handling in place, as an ``OnnxModel``."""
+    _outputs_in_traced_dtypes(model, gm)
     if flag_nan:
-        flag_nan_inputs(program.model)
+        flag_nan_inputs(model)
     else:
-        nan_as_in_torch(program.model)
-    return OnnxModel.from_ir(program.model, guards)
+        nan_as_in_torch(model)
+    return OnnxModel.from_ir(model, guards)
 
 
 def _outputs_in_traced_dtypes(model: Any, gm: torch.fx.GraphModule) -> None:
@@ -111,19 +124,6 @@ def _outputs_in_traced_dtypes(model: Any, gm: torch.fx.GraphModule) -> None:
         result = cast.outputs[0]
         result.name, result.dtype, result.shape = f"{value.name}_as_traced", want, value.shape
         outputs[k] = result
-
-
-# The exporter and the ONNX optimizer passes it runs log their progress and
-# notes (onnx_ir: "Skipped deduplication of initializer ...") at WARNING; none
-# of it is the user's to act on, and a failed export raises anyway.
-_EXPORT_LOGGERS = ("torch.onnx", "onnxscript", "onnx_ir")
-
-
-@contextlib.contextmanager
-def _exporters_quiet() -> Iterator[None]:
-    with quiet_loggers(*_EXPORT_LOGGERS), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 def fed_positions(example_inputs: Sequence[Any], frozen: frozenset[int]) -> list[int]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .onnx_nan import NAN_SEEN
@@ -37,12 +37,15 @@ class OnnxModel:
     """``graph``: ONNX model bytes; ``initializers``: name -> numpy array of each
     initializer that ``graph`` declares as external data; ``flags_nan``: the last
     output is ``NAN_SEEN``, not one of the region's; ``guards``: what the region's
-    arguments must meet for the model to compute what torch does (``onnx_guards.py``)."""
+    arguments must meet for the model to compute what torch does (``onnx_guards.py``);
+    ``for_other_weights``: the ``onnx_rebake.Rebake`` of the export that made it,
+    where one was kept (never stored: a model from the persistent cache has none)."""
 
     graph: bytes
     initializers: Mapping[str, Any]
     flags_nan: bool = False
     guards: tuple[str, ...] = ()
+    for_other_weights: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         import numpy as np

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import logging
 import operator
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,6 +36,20 @@ def quiet_loggers(*names: str) -> Iterator[None]:
     finally:
         for q, level in zip(loggers, levels):
             q.setLevel(level)
+
+
+# The exporter and the ONNX optimizer passes it runs log their progress and
+# notes (onnx_ir: "Skipped deduplication of initializer ...") at WARNING; none
+# of it is the user's to act on, and a failed export raises anyway.
+_EXPORT_LOGGERS = ("torch.onnx", "onnxscript", "onnx_ir")
+
+
+@contextlib.contextmanager
+def exporters_quiet() -> Iterator[None]:
+    """The exporter's loggers and warnings silenced for the block."""
+    with quiet_loggers(*_EXPORT_LOGGERS), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 # ONNX's own Gelu op arrived in opset 20.

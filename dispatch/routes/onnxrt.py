@@ -48,6 +48,7 @@ from .onnx_model import OnnxModel
 from .onnx_on_torch import TorchWhereNaN, refusing_other_shapes, run_by_torch
 from .onnx_ops import export_opset, not_as_in_torch, translatable, untranslatable_decomposition
 from .onnx_outputs import checked_against_torch, in_traced_layout, output_values
+from .onnx_rebake import Rebake
 from .onnx_rewrites import sorts_in_onnx_runtime_order
 from .onnx_threads import ONE, POOL, TRIAL, ThreadCountTrial, thread_plan
 from .registry import registry
@@ -144,7 +145,7 @@ class OnnxRoute(Route):
         region = BakedRegion(
             example_inputs,
             weights,
-            functools.partial(_session_runner, gm),
+            functools.partial(_session_runner, gm, {}),
             checked=not weights_frozen_by_user(),
         )
         return checked_against_torch(region, gm, example_inputs, weights)
@@ -202,48 +203,70 @@ def _cached_export(
     frozen: frozenset[int],
     flag_nan: bool = False,
     by_shape: bool = False,
+    exports: Exports | None = None,
 ) -> OnnxModel:
     """The region's ONNX model, from the persistent cache when an earlier process
     exported the same region with the same baked weights; ``by_shape``: one for
-    the shapes of ``args`` (``onnx_guards.py``), kept apart from the others."""
+    the shapes of ``args`` (``onnx_guards.py``), kept apart from the others;
+    ``exports``: the region's earlier exports, whose programs bake another set
+    of weights without exporting again (``onnx_rebake.py``)."""
+    shapes = [list(args[i].shape) for i in fed_positions(args, frozen)] if by_shape else None
     cache = current_cache()
-    if cache is None:
-        return export_region(gm, args, frozen, flag_nan=flag_nan)
-    key = region_key(
-        gm,
-        "onnxrt",
-        _ENTRY_FORMAT,
-        _NAN_FLAGGED if flag_nan else _NAN_IN_MODEL,
-        [list(args[i].shape) for i in fed_positions(args, frozen)] if by_shape else None,
-        export_opset(),
-        sorted(frozen),
-        tensors_digest(args[i] for i in sorted(frozen)),
-    )
-    payload = cache.get("onnx", key)
-    if payload is not None:
-        return OnnxModel.from_payload(payload)
-    model = export_region(gm, args, frozen, flag_nan=flag_nan)
-    cache.put_parts("onnx", key, model.parts())
+    key = None
+    if cache is not None:
+        key = region_key(
+            gm,
+            "onnxrt",
+            _ENTRY_FORMAT,
+            _NAN_FLAGGED if flag_nan else _NAN_IN_MODEL,
+            shapes,
+            export_opset(),
+            sorted(frozen),
+            tensors_digest(args[i] for i in sorted(frozen)),
+        )
+        payload = cache.get("onnx", key)
+        if payload is not None:
+            return OnnxModel.from_payload(payload)
+    kind = (flag_nan, frozen, str(shapes))
+    earlier = exports.get(kind) if exports is not None else None
+    model = earlier.model(args) if earlier is not None else None
+    if model is None:
+        model = export_region(gm, args, frozen, flag_nan=flag_nan)
+        if exports is not None and model.for_other_weights is not None:
+            exports[kind] = model.for_other_weights
+    if cache is not None and key is not None:
+        cache.put_parts("onnx", key, model.parts())
     return model
 
 
-def _session_runner(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int]) -> CompiledFn:
+# A region's exports by what they were made for (NaN flagged, baked positions,
+# shapes where one export serves one class of shapes): ``_cached_export``.
+Exports = dict[tuple[bool, frozenset[int], str], Rebake]
+
+
+def _session_runner(
+    gm: torch.fx.GraphModule, exports: Exports, args: Sequence[Any], frozen: frozenset[int]
+) -> CompiledFn:
     """The region's session; where its export holds only for some shapes, one
     session per class of shapes (``onnx_guards.py``)."""
-    run, guards = _model_runner(gm, args, frozen)
+    run, guards = _model_runner(gm, args, frozen, exports)
     if not guards:
         return run
     weights = sorted(frozen)
 
     def for_shapes(call: Sequence[Any]) -> tuple[CompiledFn, tuple[str, ...]]:
-        again, held = _model_runner(gm, call, frozen, by_shape=True)
+        again, held = _model_runner(gm, call, frozen, exports, by_shape=True)
         return checked_against_torch(again, gm, call, weights), held
 
     return ShapeClasses(run, guards, for_shapes, functools.partial(run_by_torch, gm))
 
 
 def _model_runner(
-    gm: torch.fx.GraphModule, args: Sequence[Any], frozen: frozenset[int], by_shape: bool = False
+    gm: torch.fx.GraphModule,
+    args: Sequence[Any],
+    frozen: frozenset[int],
+    exports: Exports,
+    by_shape: bool = False,
 ) -> tuple[CompiledFn, tuple[str, ...]]:
     """A session of the region exported from ``args``, and the guards it holds under.
     On CPU its ops that pass over NaN are flagged, not corrected in the model
@@ -251,7 +274,9 @@ def _model_runner(
     so torch can run the one whose flag is up. On CUDA reading the flag would
     wait for the device on every call."""
     device = first_device(args)
-    model = _cached_export(gm, args, frozen, flag_nan=device.type == "cpu", by_shape=by_shape)
+    model = _cached_export(
+        gm, args, frozen, flag_nan=device.type == "cpu", by_shape=by_shape, exports=exports
+    )
     count = len(output_values(gm))
     flagged = model.flags_nan
     run = threaded_session(
