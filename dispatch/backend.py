@@ -32,7 +32,7 @@ from .config import Config
 from .decompositions import onnx_friendly
 from .errors import ConfigError, DispatchError, error_line
 from .graph_trial import in_place_trial
-from .graph_tuning import whole_graph_check
+from .graph_tuning import WholeGraphCheck, whole_graph_check
 from .inductor_baseline import compile_as_inductor, inductor_lead
 from .inspect import (
     GRAPH_BACKWARD,
@@ -201,7 +201,8 @@ class _GraphCompiler:
         self.source_wanted = False  # keep the inference graph's source, to store it
         self.source: GraphSource | None = None
         self.stitched: list[StitchedGraph] = []  # the programs this compiler stitched
-        self.timed_whole = False  # graph_tuning times the inference graph on its first call
+        #: graph_tuning's check, where it times the inference graph whole on its first call
+        self.whole_check: WholeGraphCheck | None = None
 
     def with_config(self, config: Config) -> _GraphCompiler:
         """This compiler, for the same graph, under other settings."""
@@ -248,14 +249,15 @@ class _GraphCompiler:
         itself where every region is eager, at the cost of a backend that does
         nothing (torch-level ops, not their aten decompositions; no stitching).
         Regions planned eager hand over at once; regions that fell back to eager
-        on their first call, from the second call. A small CPU graph is then
-        timed in place against the Dynamo graph (``graph_trial.py``)."""
+        on their first call, from the second call. A CPU graph is then timed in
+        place against the Dynamo graph (``graph_trial.py``), after the whole-graph
+        check (``graph_tuning.py``) where that times it first."""
         if not self.stitched or not all(p.kind == GRAPH_INFERENCE for p in self.plans):
             return program
         if _all_eager(r for p in self.plans for r in p.regions):
             return gm.forward
         routed = _settling(program, gm.forward, self.stitched)
-        return in_place_trial(routed, gm.forward, self.stitched, self.plans, self.config, self.timed_whole)
+        return in_place_trial(routed, gm.forward, self.stitched, self.plans, self.config, self.whole_check)
 
     def _from_cached(
         self, aten: torch.fx.GraphModule, example_inputs: Sequence[Any]
@@ -324,7 +326,7 @@ class _GraphCompiler:
         program: Callable[..., Any] = stitched
         if kind == GRAPH_INFERENCE:
             check = whole_graph_check(stitched, graph_plan, self.config)
-            self.timed_whole = check is not None
+            self.whole_check = check
             program = check or stitched
         if kind == GRAPH_INFERENCE and (wrapper_is_identity or _wrapper_is_identity()):
             self.direct = (program, stitched.inputs)

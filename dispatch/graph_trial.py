@@ -1,4 +1,4 @@
-"""A small CPU inference graph, its routes against the graph as Dynamo traced it,
+"""A CPU inference graph, its routes against the graph as Dynamo traced it,
 timed in place on the user's own calls.
 
 A graph that does little work runs in tens of µs, where ONNX Runtime's call,
@@ -11,10 +11,9 @@ while in the model, between torch's indexing ops, the same graphs took 104, 47
 and 44 µs on ORT against 73, 42 and 22 as traced, and the model ran 300 µs a
 call against 220 for a backend that does nothing.
 
-So a CPU inference graph that ``graph_tuning`` does not time whole (its ORT
-regions do under ``TIMED_GRAPH_FLOPS``) is timed where it runs: once its
-regions have compiled and settled their thread counts, its calls alternate
-between the routed program and the Dynamo graph, each call timed, and the
+So a CPU inference graph is timed where it runs: once its regions have
+compiled and settled their thread counts, its calls alternate between the
+routed program and the Dynamo graph, each call timed, and the
 routed program stays only where its median call took under ``ROUTED_MARGIN``
 of the traced graph's: what it costs the code after it (the thread pools it
 woke) is not in its call. On data_dependent that code ran 105 µs a call beside
@@ -28,6 +27,20 @@ any other. Not
 timed: a forced route, eager not allowed, autotune (which times its own
 candidates), a symbolic size (the calls may differ in size). The decision is
 cached: a warm start where the traced graph won compiles nothing for it.
+
+A graph that ``graph_tuning`` timed whole on its first call (its ORT regions do
+``TIMED_GRAPH_FLOPS`` or more) is timed in place too, whatever that check kept
+but all eager: the check's eager side runs the lowered aten regions eagerly,
+not the graph Dynamo traced, and the two can differ by far. On RAFT-small (two
+128² frames; AMD EPYC, AVX2, 2 cores, 2026-11-28) it measured 5117 ms a call,
+against 170 for the module eagerly and 179 in another process, so the check
+kept ORT at 0.06 of that time and the model ran 1.41x slower than eagerly
+(240 against 170 ms). There inductor is compiled in place only where the check
+left it out by its bar (``inductor_bar``) and the traced graph then led: the
+check timed it otherwise, and where the routed program still leads in place
+the check's judgement stands (hf_bert on ORT at 0.81 of the traced graph's time,
+past its bar of 0.8, would compile inductor for seconds to lose: 2.88 ms a call
+against inductor's 3.04 in the AVX2 zoo run).
 
 A graph that does little work and still takes ``INDUCTOR_TRIAL_S`` or more a
 call on the faster side, with ORT not far ahead of the traced graph
@@ -70,6 +83,7 @@ from .graph_tuning import (
     AS_ROUTED,
     ON_INDUCTOR,
     WHOLE_ON_INDUCTOR,
+    WholeGraphCheck,
     cutting_regions_on_inductor,
     run_whole_on_inductor,
     whole_graph_on_inductor,
@@ -127,22 +141,28 @@ def in_place_trial(
     stitched: Sequence[StitchedGraph],
     plans: Sequence[GraphPlan],
     config: Config,
-    timed_whole: bool,
+    whole_check: WholeGraphCheck | None = None,
 ) -> Callable[..., Any]:
     """What Dynamo calls for an inference graph whose regions are not all eager:
     ``routed``, or an ``InPlaceTrial`` of it against ``traced`` where the graph
-    qualifies (module docstring; ``timed_whole``: graph_tuning times it already).
-    A cached decision is applied at once."""
-    if timed_whole:
-        return routed  # graph_tuning's check owns the unsplit graph
+    qualifies (module docstring; ``whole_check``: graph_tuning's, where it times
+    the graph whole on its first call, and owns the unsplit graph). A cached
+    decision is applied at once."""
     if not _qualifies(plans, config):
-        _free_unsplit(stitched)
+        if whole_check is None:
+            _free_unsplit(stitched)
         return routed
     inductor = config.allows("inductor") and availability(registry.get("inductor")).ok
     trial = InPlaceTrial(
-        routed, traced, stitched, ArtifactCache(config.cache_dir), inductor=inductor, config=config
+        routed,
+        traced,
+        stitched,
+        ArtifactCache(config.cache_dir),
+        inductor=inductor,
+        config=config,
+        whole_check=whole_check,
     )
-    if not trial.inductor:
+    if not trial.inductor and whole_check is None:
         _free_unsplit(stitched)
     return trial.settled() or trial
 
@@ -174,9 +194,11 @@ class InPlaceTrial:
         clock: Callable[[], float] | None = None,
         inductor: bool = False,
         config: Config | None = None,
+        whole_check: WholeGraphCheck | None = None,
     ) -> None:
         self.sides = {AS_ROUTED: routed, AS_TRACED: traced}
         self.config = config or Config()
+        self.whole_check = whole_check
         self.stitched = list(stitched)
         self.runners = [r for s in stitched for r in s.runners]
         #: inductor may stand in for the ORT regions, where the graph is slow for its work
@@ -245,16 +267,7 @@ class InPlaceTrial:
             self.first_round = seconds
             routed_won = seconds[AS_ROUTED] < ROUTED_MARGIN * seconds[AS_TRACED]
             self.leader = AS_ROUTED if routed_won else AS_TRACED
-            share = seconds[AS_ROUTED] / seconds[AS_TRACED]
-            if (
-                self.inductor
-                and seconds[self.leader] >= INDUCTOR_TRIAL_S
-                and (
-                    share >= INDUCTOR_PAST_ROUTED_SHARE
-                    or many_small_ops(self.runners)
-                    or without_matmuls(self.runners)
-                )
-            ):
+            if self._tries_inductor(seconds):
                 self.timing = [ON_INDUCTOR, self.leader]
                 self.times = {ON_INDUCTOR: [], self.leader: []}
                 return
@@ -268,6 +281,23 @@ class InPlaceTrial:
         self.first_round[self.leader] = leader_s
         faster = seconds[ON_INDUCTOR] < margin * leader_s
         self._finish(ON_INDUCTOR if faster else self.leader, on_inductor)
+
+    def _tries_inductor(self, seconds: dict[str, float]) -> bool:
+        """Whether inductor is compiled and timed against the leader of the first round."""
+        assert self.leader is not None
+        if not self.inductor or seconds[self.leader] < INDUCTOR_TRIAL_S:
+            return False
+        if self.whole_check is not None:
+            # The check timed inductor, or left it out by its bar: judged again
+            # only where the traced graph overturned what the check kept.
+            cutting = any(r.chain[0] == CUTTING_ROUTE for r in self.runners)
+            return self.whole_check.inductor_left_out and cutting and self.leader == AS_TRACED
+        share = seconds[AS_ROUTED] / seconds[AS_TRACED]
+        return (
+            share >= INDUCTOR_PAST_ROUTED_SHARE
+            or many_small_ops(self.runners)
+            or without_matmuls(self.runners)
+        )
 
     def _finish(self, winner: str, on_inductor: str | None = None) -> None:
         decision: dict[str, Any] = {side: autotune.format_seconds(s) for side, s in self.first_round.items()}
