@@ -373,7 +373,10 @@ class InPlaceTrial:
             self.sides = {winner: self.chosen}
             self.on_inductor = self.whole = None
             return
-        _free_unsplit(self.stitched)
+        if self.whole_check is None or winner == AS_TRACED:
+            # Else the check owns the copy: a warm start applies this decision
+            # before the check's first call, whose cached winner may compile it.
+            _free_unsplit(self.stitched)
         compiled = self.on_inductor if isinstance(self.on_inductor, dict) else {}
         for runner in self.runners:
             runner.run.measured[IN_PLACE] = line

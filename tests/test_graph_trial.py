@@ -600,3 +600,35 @@ def test_inductor_failing_in_place_leaves_the_leader_with_the_reason(ort_costs, 
         f"as routed 2.00 ms, as traced 3.00 ms, {ON_INDUCTOR} not compiled: "
         f"{region.name}: not measured: RuntimeError: inductor cannot lower this (test)"
     )
+
+
+@pytest.mark.parametrize("timed", [{WHOLE_ON_INDUCTOR: 1.0}], indirect=True)
+@torch.no_grad()
+def test_a_cut_graph_the_check_compiled_whole_keeps_its_copy_for_a_warm_start(
+    ort_costs, inductor_tried, timed, route_compiles
+):
+    """Mixtral: the check ran the graph whole on inductor, the trial kept it. A warm
+    start applies the trial's decision before the check's first call; where it freed
+    the unsplit copy there, the check's cached winner could not compile it whole,
+    and the regions compiled on inductor one by one (18.7 s against 3.7), with a
+    warning."""
+    import warnings
+
+    ort_costs[:] = [2e-3, 3e-3]
+    ort_costs.inductor = 1e-3
+    model, x = ExpertBetweenOnnx(1024).eval(), torch.randn(16, 1024)
+    options = {"min_region_size": 1}
+    compiled, graphs = _compiled(model, x, options=options)
+    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
+    assert [r.route for r in _regions(graphs)] == ["inductor"] * 3
+    assert all(r.measured[IN_PLACE] == "as routed 1.00 ms, as traced 3.00 ms" for r in _regions(graphs))
+    assert route_compiles == ["onnxrt", "onnxrt", "inductor"]
+
+    torch._dynamo.reset()
+    route_compiles.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the regions' fallback warning fails the test
+        compiled, graphs = _compiled(model, x, options=options)
+        _calls(compiled, model, x, 3)
+    assert route_compiles == ["inductor"], "a warm start did not compile the graph whole, once"
+    assert len(timed) == 2, "a warm start timed the whole graph"
