@@ -614,6 +614,8 @@ def test_a_cut_graph_the_check_compiled_whole_keeps_its_copy_for_a_warm_start(
     warning."""
     import warnings
 
+    from dispatch.stitch import FallbackWarning
+
     ort_costs[:] = [2e-3, 3e-3]
     ort_costs.inductor = 1e-3
     model, x = ExpertBetweenOnnx(1024).eval(), torch.randn(16, 1024)
@@ -627,7 +629,7 @@ def test_a_cut_graph_the_check_compiled_whole_keeps_its_copy_for_a_warm_start(
     torch._dynamo.reset()
     route_compiles.clear()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the regions' fallback warning fails the test
+        warnings.simplefilter("error", FallbackWarning)  # the regions' fallback fails the test
         compiled, graphs = _compiled(model, x, options=options)
         _calls(compiled, model, x, 3)
     assert route_compiles == ["inductor"], "a warm start did not compile the graph whole, once"
