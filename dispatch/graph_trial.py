@@ -141,7 +141,7 @@ def in_place_trial(
     stitched: Sequence[StitchedGraph],
     plans: Sequence[GraphPlan],
     config: Config,
-    whole_check: WholeGraphCheck | None = None,
+    whole_check: WholeGraphCheck | None,
 ) -> Callable[..., Any]:
     """What Dynamo calls for an inference graph whose regions are not all eager:
     ``routed``, or an ``InPlaceTrial`` of it against ``traced`` where the graph
@@ -290,8 +290,7 @@ class InPlaceTrial:
         if self.whole_check is not None:
             # The check timed inductor, or left it out by its bar: judged again
             # only where the traced graph overturned what the check kept.
-            cutting = any(r.chain[0] == CUTTING_ROUTE for r in self.runners)
-            return self.whole_check.inductor_left_out and cutting and self.leader == AS_TRACED
+            return self.whole_check.inductor_left_out and self.leader == AS_TRACED
         share = seconds[AS_ROUTED] / seconds[AS_TRACED]
         return (
             share >= INDUCTOR_PAST_ROUTED_SHARE
