@@ -257,7 +257,7 @@ class _GraphCompiler:
         if _all_eager(r for p in self.plans for r in p.regions):
             return gm.forward
         routed = _settling(program, gm.forward, self.stitched)
-        return in_place_trial(routed, gm.forward, self.stitched, self.plans, self.config, self.whole_check)
+        return in_place_trial(routed, gm, self.stitched, self.plans, self.config, self.whole_check)
 
     def _from_cached(
         self, aten: torch.fx.GraphModule, example_inputs: Sequence[Any]

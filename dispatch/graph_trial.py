@@ -46,8 +46,11 @@ A graph that does little work and still takes ``INDUCTOR_TRIAL_S`` or more a
 call on the faster side, with ORT not far ahead of the traced graph
 (``INDUCTOR_PAST_ROUTED_SHARE``), its ORT regions many small ops
 (``inductor_bar.many_small_ops``) or without a matmul or a convolution
-(``inductor_bar.without_matmuls``), is bound by its count of ops, not its work: a
-recurrence unrolled into hundreds of small ops (transformers' Mamba without its
+(``inductor_bar.without_matmuls``), or its traced graph calling a higher-order
+op (``runs_subgraphs``; there the traced graph's time overstates its ops': a
+checkpointed MLP stack ran as traced in 2.6 ms, eagerly in 1.2, on ORT in 0.77
+and under plain inductor in 0.69, and inductor was never tried), may be bound
+by its count of ops, not its work: a recurrence unrolled into hundreds of small ops (transformers' Mamba without its
 CUDA kernels: 23 MFLOPs, 8.3 ms a call as traced and 6.3 on ORT, 4.3 under
 plain inductor, which fuses them). There the trial goes on: the graph is
 compiled whole by inductor on the next call's inputs (seconds, on that call;
@@ -75,6 +78,9 @@ import weakref
 from collections.abc import Callable, Sequence
 from time import monotonic, perf_counter
 from typing import Any
+
+import torch
+import torch.fx
 
 from . import autotune
 from .cache import ArtifactCache, region_key
@@ -137,17 +143,17 @@ TRACED_WON = "traced won"  # a decision's note: why the routed program lost to t
 
 def in_place_trial(
     routed: Callable[..., Any],
-    traced: Callable[..., Any],
+    traced: torch.fx.GraphModule,
     stitched: Sequence[StitchedGraph],
     plans: Sequence[GraphPlan],
     config: Config,
     whole_check: WholeGraphCheck | None,
 ) -> Callable[..., Any]:
     """What Dynamo calls for an inference graph whose regions are not all eager:
-    ``routed``, or an ``InPlaceTrial`` of it against ``traced`` where the graph
-    qualifies (module docstring; ``whole_check``: graph_tuning's, where it times
-    the graph whole on its first call, and owns the unsplit graph). A cached
-    decision is applied at once."""
+    ``routed``, or an ``InPlaceTrial`` of it against the Dynamo graph ``traced``
+    where the graph qualifies (module docstring; ``whole_check``: graph_tuning's,
+    where it times the graph whole on its first call, and owns the unsplit
+    graph). A cached decision is applied at once."""
     if not _qualifies(plans, config):
         if whole_check is None:
             _free_unsplit(stitched)
@@ -155,16 +161,28 @@ def in_place_trial(
     inductor = config.allows("inductor") and availability(registry.get("inductor")).ok
     trial = InPlaceTrial(
         routed,
-        traced,
+        traced.forward,
         stitched,
         ArtifactCache(config.cache_dir),
         inductor=inductor,
         config=config,
         whole_check=whole_check,
+        traced_runs_subgraphs=runs_subgraphs(traced),
     )
     if not trial.inductor and whole_check is None:
         _free_unsplit(stitched)
     return trial.settled() or trial
+
+
+def runs_subgraphs(gm: torch.fx.GraphModule) -> bool:
+    """Whether the Dynamo graph ``gm`` calls a higher-order op (``torch.cond``,
+    ``flex_attention``, a checkpointed block, a scan): run as traced, each such
+    call runs its subgraph through Python, op by op, where the lowered graph
+    inlines or lowers it."""
+    return any(
+        node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
+        for node in gm.graph.nodes
+    )
 
 
 def _free_unsplit(stitched: Sequence[StitchedGraph]) -> None:
@@ -195,8 +213,11 @@ class InPlaceTrial:
         inductor: bool = False,
         config: Config | None = None,
         whole_check: WholeGraphCheck | None = None,
+        traced_runs_subgraphs: bool = False,
     ) -> None:
         self.sides = {AS_ROUTED: routed, AS_TRACED: traced}
+        #: the traced graph's time overstates its ops' (``runs_subgraphs``)
+        self.traced_runs_subgraphs = traced_runs_subgraphs
         self.config = config or Config()
         self.whole_check = whole_check
         self.stitched = list(stitched)
@@ -294,6 +315,7 @@ class InPlaceTrial:
         share = seconds[AS_ROUTED] / seconds[AS_TRACED]
         return (
             share >= INDUCTOR_PAST_ROUTED_SHARE
+            or self.traced_runs_subgraphs
             or many_small_ops(self.runners)
             or without_matmuls(self.runners)
         )

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dispatch
+from benchmarks.zoo.patterns import FlexSelfAttention
 from dispatch.routes.onnx_model import EXTERNAL_MIN_BYTES, OnnxModel
 from dispatch.stitch import FallbackWarning
 
@@ -155,6 +156,44 @@ def test_only_dense_traced_strides_are_restored():
     assert fills_storage((2, 1, 3), (3, 99, 1))  # a size-1 dim's stride is free
     assert not fills_storage((3, 5), (0, 1))  # expanded: overlapping
     assert not fills_storage((3, 5), (10, 1))  # a row slice of a wider tensor: gaps
+
+
+@torch.no_grad()
+def test_a_view_with_gaps_leaves_onnx_runtime_in_its_traced_order():
+    """``q`` of a split ``qkv`` feeds ``flex_attention`` in an eager region, which lays
+    its output out as ``q``: ``q`` left ORT contiguous, and the ``view`` after
+    flex_attention raised on auto's first call."""
+    torch.manual_seed(0)
+    model, x = FlexSelfAttention().eval(), torch.randn(2, 32, 64)
+    explained = dispatch.explain(model, x)
+    assert [r.route for r in explained.regions] == ["onnxrt", "eager", "onnxrt"]
+    torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x))
+
+
+def _qkv_split(qkv):
+    q = qkv.view(qkv.shape[0], qkv.shape[1], 3, 4, 16).permute(2, 0, 3, 1, 4)[0]
+    return q, qkv[:, 0], qkv.expand(2, *qkv.shape)
+
+
+@pytest.mark.parametrize("tracing_mode", ["real", "symbolic"])
+def test_onnx_runtimes_contiguous_outputs_take_the_traced_order_of_views_with_gaps(tracing_mode):
+    """``q`` of a split ``qkv`` (gaps between its rows) comes back dense in its traced
+    order, of static or symbolic size; a row slice, in contiguous order already, and
+    an expanded view (overlapping) come back as ORT returned them."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from dispatch.routes.onnx_outputs import traced_form
+
+    gm = make_fx(_qkv_split, tracing_mode=tracing_mode)(torch.randn(2, 8, 192))
+    form = traced_form(gm)
+    assert form is not None
+    qkv = torch.randn(3, 5, 192)  # another size: the symbolic graph serves it too
+    expected = _qkv_split(qkv)
+    q, row, expanded = form(tuple(e.contiguous() for e in expected))
+    assert q.is_contiguous() is False and q.transpose(1, 2).is_contiguous()
+    q.transpose(1, 2).view(3, 5, 64)  # raises on a contiguous q
+    torch.testing.assert_close(q, expected[0], rtol=0, atol=0)
+    assert row.is_contiguous() and expanded.is_contiguous()
 
 
 @torch.no_grad()

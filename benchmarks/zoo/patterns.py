@@ -3,7 +3,9 @@ recurrent layers, a small U-Net (GroupNorm, InstanceNorm, a transposed conv,
 interpolation, a skip concat), pixel shuffle, top-k and scatter and sort,
 attention with a boolean mask and its weights returned, an einsum with
 ``masked_fill(-inf)``, a dilated grouped 1-d conv stack, and torch's own
-``nn.TransformerEncoder``. Each is built with the inputs it is called on, as the zoo's own patterns are.
+``nn.TransformerEncoder``; and since 2026-11-28 code that Dynamo traces into
+higher-order ops: ``flex_attention``, ``torch.cond`` and activation
+checkpointing. Each is built with the inputs it is called on, as the zoo's own patterns are.
 """
 
 from __future__ import annotations
@@ -153,6 +155,63 @@ class TorchTransformerEncoder(nn.Module):
         return self.encoder(x)
 
 
+class FlexSelfAttention(nn.Module):
+    """Causal self-attention through ``flex_attention`` (a ``score_mod``), from a
+    fused ``qkv`` split by ``permute`` and ``unbind``. ONNX cannot take
+    flex_attention, and it lays its output out as its query: ``q`` must reach it
+    in the traced order (``q`` is a view with gaps) for the ``view`` after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(64, 192)
+        self.out = nn.Linear(64, 64)
+        self.norm = nn.LayerNorm(64)
+
+    def forward(self, x):
+        from torch.nn.attention.flex_attention import flex_attention
+
+        b, t, _ = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        y = flex_attention(q, k, v, score_mod=_causal)
+        return x + self.out(y.transpose(1, 2).reshape(b, t, 64))
+
+
+def _causal(score, batch, head, query, key):
+    return torch.where(query >= key, score, -float("inf"))
+
+
+class CondBranches(nn.Module):
+    """``torch.cond`` on a value of the data: one of two MLP heads, inside one graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(64, 64)
+        self.wide = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+        self.narrow = nn.Sequential(nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 64))
+
+    def forward(self, x):
+        h = self.stem(x).relu()
+        h = torch.cond(h.mean() > 0.2, self.wide, self.narrow, (h,))
+        return h.softmax(-1)
+
+
+class CheckpointedMLP(nn.Module):
+    """Residual MLP blocks under ``torch.utils.checkpoint`` (as training code leaves
+    them), called for inference: a higher-order op in Dynamo's graph per block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+            for _ in range(3)
+        )
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        return x
+
+
 # name -> how to build it with its inputs
 PATTERNS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
     "lstm_tagger": _pattern(LSTMTagger, inputs=partial(_tokens, batch=2, seq=20)),
@@ -164,4 +223,7 @@ PATTERNS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = 
     "einsum_masked": _pattern(EinsumMasked, 2, 4, 8, 32),
     "conv1d_audio": _pattern(Conv1dAudio, 2, 80, 200),
     "torch_transformer_encoder": _pattern(TorchTransformerEncoder, 2, 10, 64),
+    "flex_attention": _pattern(FlexSelfAttention, 2, 32, 64),
+    "cond_branches": _pattern(CondBranches, 2, 32, 64),
+    "checkpointed_mlp": _pattern(CheckpointedMLP, 2, 32, 64),
 }

@@ -53,12 +53,17 @@ def traced_form(gm: torch.fx.GraphModule) -> Callable[[Sequence[Any]], tuple[Any
     became a tensor attribute of the model (Swin's ``window_size``) and every
     later graph that read it failed to compile. Each output ORT returns
     contiguous is copied into the strides the graph was traced with, where those
-    differ (a channels_last feature map, a transposed result); only outputs of
-    static size whose traced strides are dense and non-overlapping are copied,
-    a symbolic size stays contiguous."""
+    differ (a channels_last feature map, a transposed result), where those are
+    static, dense and non-overlapping. An output traced with gaps (``q`` of a
+    fused ``qkv`` split by ``permute`` and ``unbind``), or of symbolic size, is
+    copied into a dense tensor with its traced order of strides instead: ops
+    after it follow that order (``flex_attention`` lays its output out as its
+    query), and a ``view`` of it traced as valid raised on the contiguous one.
+    Copying the gaps too would cost a slice of a large tensor that tensor's size."""
     layouts = _traced_layouts(gm)
+    orders = _traced_orders(gm)
     numbers = _number_outputs(gm)
-    if not layouts and not numbers:
+    if not layouts and not orders and not numbers:
         return None
 
     def form(returned: Sequence[Any]) -> tuple[Any, ...]:
@@ -66,6 +71,9 @@ def traced_form(gm: torch.fx.GraphModule) -> Callable[[Sequence[Any]], tuple[Any
         for k, (size, stride) in layouts:
             t = outputs[k]
             outputs[k] = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
+        for k, order in orders:
+            t = outputs[k]
+            outputs[k] = torch.empty_permuted(t.shape, order, dtype=t.dtype, device=t.device).copy_(t)
         for k, kind in numbers:
             outputs[k] = kind(outputs[k].item())
         return tuple(outputs)
@@ -106,6 +114,49 @@ def _traced_layouts(gm: torch.fx.GraphModule) -> list[tuple[int, tuple[tuple[int
         if not value.is_contiguous() and fills_storage(size, stride):
             layouts.append((k, (size, stride)))
     return layouts
+
+
+def _traced_orders(gm: torch.fx.GraphModule) -> list[tuple[int, tuple[int, ...]]]:
+    """(output position, dims from outermost to innermost) of the non-overlapping
+    outputs whose traced strides ``_traced_layouts`` does not restore and whose
+    order is not the contiguous one. Sizes and strides may be symbolic: their
+    order is read from the values they were traced with."""
+    exact = {k for k, _ in _traced_layouts(gm)}
+    orders = []
+    for k, value in enumerate(output_values(gm)):
+        if k in exact or not isinstance(value, torch.Tensor) or value.dim() < 2:
+            continue
+        size, stride = _hints(value.shape), _hints(value.stride())
+        if size is None or stride is None or not _non_overlapping(size, stride):
+            continue
+        order = tuple(sorted(range(len(size)), key=lambda d: (-stride[d], d)))
+        # A size-1 dim's stride says nothing of the layout: contiguous is that order where
+        # the other dims come in their own order.
+        if [d for d in order if size[d] != 1] != [d for d in range(len(size)) if size[d] != 1]:
+            orders.append((k, order))
+    return orders
+
+
+def _hints(values: Sequence[Any]) -> tuple[int, ...] | None:
+    """The integers ``values`` were traced with; None where one has no hint."""
+    hinted = []
+    for v in values:
+        if isinstance(v, torch.SymInt):
+            v = v.node.hint
+        if type(v) is not int:
+            return None
+        hinted.append(v)
+    return tuple(hinted)
+
+
+def _non_overlapping(size: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether no two elements of ``size`` laid out by ``stride`` share memory."""
+    extent = 1
+    for n, step in sorted(((n, s) for n, s in zip(size, stride) if n != 1), key=lambda p: p[1]):
+        if step < extent:
+            return False
+        extent = step * n
+    return True
 
 
 def output_values(gm: torch.fx.GraphModule) -> list[Any]:
