@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 import torch.fx
 
 from .config import Config
+from .eager_layouts import group_norm_inputs_in_traced_layout
 from .errors import ConfigError, RouteUnavailableError, UnsupportedDeviceError, UnsupportedOpError
 from .inspect import (
     GraphFacts,
@@ -192,6 +193,7 @@ def plan_graph(
     input_names: dict[int, str] | None = None,
 ) -> tuple[GraphPlan, torch.fx.GraphModule]:
     """Split ``gm`` (in place) into one submodule per region and describe them."""
+    group_norm_inputs_in_traced_layout(gm)  # before any route or check runs it
     facts = graph_facts(gm, kind, input_names)
     check_forced_route(config, facts)
     choices = choose_routes(gm, facts, config)
