@@ -474,14 +474,20 @@ def test_a_small_graph_of_many_small_ops_tries_inductor_however_far_onnx_leads(
         monkeypatch.setattr(inductor_bar, "SMALL_OP_FLOPS", 10**12)
     ort_costs[:] = [2e-3, 6e-3]
     ort_costs.inductor = 0.5e-3
-    model, x = small(), torch.randn(8, 16)
+    _inductor_tried_or_onnx_kept(small(), many_ops, "as routed 2.00 ms, as traced 6.00 ms", "500.0 µs")
+
+
+def _inductor_tried_or_onnx_kept(model, tried, first, on_inductor):
+    """Run ``model``'s trial through, and check that its one region moved to
+    inductor (``tried``, timed at ``on_inductor``) or stayed on ORT, the first
+    round timed as ``first``."""
+    x = torch.randn(8, 16)
     compiled, graphs = _compiled(model)
-    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH if many_ops else TRIAL_LENGTH)
+    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH if tried else TRIAL_LENGTH)
     (region,) = _regions(graphs)
-    first = "as routed 2.00 ms, as traced 6.00 ms"
-    if many_ops:
+    if tried:
         assert (region.planned_route, region.route) == ("onnxrt", "inductor")
-        assert region.measured[IN_PLACE] == f"{first}, {ON_INDUCTOR} 500.0 µs"
+        assert region.measured[IN_PLACE] == f"{first}, {ON_INDUCTOR} {on_inductor}"
     else:
         assert region.route == "onnxrt" and region.measured[IN_PLACE] == first
 
@@ -513,19 +519,10 @@ def test_a_graph_calling_subgraphs_tries_inductor_however_far_onnx_leads_the_tra
     MLP stack ran as traced in 2.6 ms, eagerly in 1.2, on ORT in 0.77 (0.29 of the
     traced graph's time, inductor left untried) and under inductor in 0.69. Plain,
     the same lead settles it."""
-    assert graph_trial.runs_subgraphs(torch.fx.symbolic_trace(small())) is False
     ort_costs[:] = [2e-3, 7e-3]
     ort_costs.inductor = 1.5e-3
-    model, x = CheckpointedBlock(checkpointed).eval(), torch.randn(8, 16)
-    compiled, graphs = _compiled(model)
-    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH if checkpointed else TRIAL_LENGTH)
-    (region,) = _regions(graphs)
-    first = "as routed 2.00 ms, as traced 7.00 ms"
-    if checkpointed:
-        assert (region.planned_route, region.route) == ("onnxrt", "inductor")
-        assert region.measured[IN_PLACE] == f"{first}, {ON_INDUCTOR} 1.50 ms"
-    else:
-        assert region.route == "onnxrt" and region.measured[IN_PLACE] == first
+    model = CheckpointedBlock(checkpointed).eval()
+    _inductor_tried_or_onnx_kept(model, checkpointed, "as routed 2.00 ms, as traced 7.00 ms", "1.50 ms")
 
 
 @torch.no_grad()
