@@ -15,11 +15,19 @@ fixed in torch's kernel after 2.13).
   after diffusers' VAE attention), and the suggested format then reads as
   contiguous: the VAE raised on auto's first call. Its input is cloned into
   the traced layout there; ORT exports the clone as nothing, inductor fuses it.
+- Batch norm on CPU returns its output contiguous for an input that is neither
+  contiguous nor channels_last, where the traced graph keeps the input's
+  strides (pytorch#192668): PatchTST normalizes a transposed (batch, channels,
+  patches) tensor, transposes it back and views it, and that view raised on
+  the contiguous output. Its output is put back in its traced order of strides
+  (a permute, a contiguous clone, the inverse permute: one copy where torch
+  runs it; ORT cancels the transposes, inductor fuses them).
 """
 
 from __future__ import annotations
 
 import contextlib
+import operator
 
 import torch
 import torch.fx
@@ -61,3 +69,77 @@ def _channels_last_with_a_size_one_dim(node: object) -> torch.memory_format | No
 
 def _is_clone_into(node: torch.fx.Node, layout: torch.memory_format) -> bool:
     return node.target is aten.clone.default and node.kwargs.get("memory_format") == layout
+
+
+# Batch norm's forms in lowered graphs; output 0 is the normalized tensor.
+_BATCH_NORMS = frozenset(
+    {
+        aten._native_batch_norm_legit_no_training.default,
+        aten._native_batch_norm_legit.default,
+        aten._native_batch_norm_legit.no_stats,
+        aten._native_batch_norm_legit_functional.default,
+        aten.native_batch_norm.default,
+    }
+)
+
+
+def batch_norm_outputs_in_traced_order(gm: torch.fx.GraphModule) -> int:
+    """Put each CPU batch norm's output, traced in its non-contiguous input's
+    order of strides, back in that order (module docstring); returns how many."""
+    restored = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _BATCH_NORMS:
+            continue
+        order = _traced_order(node.args[0])
+        normalized = [u for u in node.users if u.target is operator.getitem and u.args[1] == 0]
+        if order is None or len(normalized) != 1:
+            continue
+        (out,) = normalized
+        if _restored(out):
+            continue
+        inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
+        users = list(out.users)
+        graph = gm.graph
+        with graph.inserting_after(out):
+            permuted = graph.call_function(aten.permute.default, (out, list(order)))
+        with graph.inserting_after(permuted):
+            dense = graph.call_function(
+                aten.clone.default, (permuted,), {"memory_format": torch.contiguous_format}
+            )
+        with graph.inserting_after(dense):
+            back = graph.call_function(aten.permute.default, (dense, list(inverse)))
+        value = out.meta["val"]
+        with getattr(value, "fake_mode", None) or contextlib.nullcontext():
+            permuted.meta = {**out.meta, "val": value.permute(order)}
+            dense.meta = {**out.meta, "val": permuted.meta["val"].contiguous()}
+            back.meta = {**out.meta, "val": dense.meta["val"].permute(inverse)}
+        for user in users:
+            user.replace_input_with(out, back)
+        restored += 1
+    if restored:
+        gm.recompile()
+    return restored
+
+
+def _restored(out: torch.fx.Node) -> bool:
+    """Whether ``out`` is already put back in its order (a second pass adds nothing)."""
+    users = list(out.users)
+    if len(users) != 1 or users[0].target is not aten.permute.default:
+        return False
+    return any(u.target is aten.clone.default for u in users[0].users)
+
+
+def _traced_order(node: object) -> tuple[int, ...] | None:
+    """The dims of a CPU tensor ``node`` from outermost to innermost stride, where
+    they are not in their contiguous order (nor channels_last's, which torch keeps);
+    None otherwise."""
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or value.dim() < 2:
+        return None
+    if any(type(s) is not int for s in value.stride()):
+        return None
+    stride = [int(s) for s in value.stride()]
+    if value.is_contiguous() or suggest_memory_format(value) != torch.contiguous_format:
+        return None
+    order = tuple(sorted(range(value.dim()), key=lambda d: (-stride[d], d)))
+    return None if order == tuple(range(value.dim())) else order

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import torch.fx
 
 from .config import Config
-from .eager_layouts import group_norm_inputs_in_traced_layout
+from .eager_layouts import batch_norm_outputs_in_traced_order, group_norm_inputs_in_traced_layout
 from .errors import ConfigError, RouteUnavailableError, UnsupportedDeviceError, UnsupportedOpError
 from .inspect import (
     GraphFacts,
@@ -194,6 +194,7 @@ def plan_graph(
 ) -> tuple[GraphPlan, torch.fx.GraphModule]:
     """Split ``gm`` (in place) into one submodule per region and describe them."""
     group_norm_inputs_in_traced_layout(gm)  # before any route or check runs it
+    batch_norm_outputs_in_traced_order(gm)
     facts = graph_facts(gm, kind, input_names)
     check_forced_route(config, facts)
     choices = choose_routes(gm, facts, config)
