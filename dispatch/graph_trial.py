@@ -74,9 +74,8 @@ from __future__ import annotations
 import logging
 import statistics
 import threading
-import weakref
 from collections.abc import Callable, Sequence
-from time import monotonic, perf_counter
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -101,6 +100,7 @@ from .routes import CompiledFn, registry
 from .routes.onnx_threads import TRIAL_CALLS as THREAD_TRIAL_CALLS
 from .routes.onnx_threads import WARM_CALLS as THREAD_WARM_CALLS
 from .stitch import StitchedGraph, with_forward_swapped, with_region_inputs, with_regions_swapped
+from .trial_slot import TrialSlot
 
 log = logging.getLogger("dispatch")
 
@@ -423,44 +423,6 @@ def _traced_won(routed_s: float, traced_s: float) -> str:
         f"in place, under {1 - ROUTED_MARGIN:.0%} faster than the graph as traced, the margin "
         "that pays for the thread pools it wakes for the code after it"
     )
-
-
-class TrialSlot:
-    """Lets one graph's trial alternate at a time in a process.
-
-    The graphs of one model start their trials on the same call. Alternating
-    together, each graph's routed calls ran beside the other graphs' routed
-    calls, never beside the traced graphs that replace them once decided: on
-    data_dependent, the middle graph measured 48 µs routed against 52 as
-    traced, and then ran in 61-72 µs routed beside its traced neighbours,
-    where as traced it ran in 48-55. So the graphs take turns, each timed beside
-    the decisions made before it (the others run routed, untimed, meanwhile).
-    A trial whose graph has not been called for ``STALE_S`` loses its turn (a
-    graph run once at start-up must not hold the others back), and one whose
-    model is gone loses it at once: the turn is held by a weak reference, which
-    keeps no deleted model's regions and sessions alive."""
-
-    STALE_S = 1.0
-
-    def __init__(self) -> None:
-        self._owner: weakref.ref[InPlaceTrial] | None = None
-        self._seen = 0.0
-        self._lock = threading.Lock()
-
-    def take(self, trial: InPlaceTrial) -> bool:
-        """True where ``trial`` may time this call (it holds the slot or takes it)."""
-        now = monotonic()
-        with self._lock:
-            owner = self._owner() if self._owner is not None else None
-            if owner is not None and owner is not trial and now - self._seen < self.STALE_S:
-                return False
-            self._owner, self._seen = weakref.ref(trial), now
-            return True
-
-    def release(self, trial: InPlaceTrial) -> None:
-        with self._lock:
-            if self._owner is not None and self._owner() is trial:
-                self._owner = None
 
 
 TRIAL_SLOT = TrialSlot()

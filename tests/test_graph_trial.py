@@ -14,6 +14,7 @@ import torch
 
 import dispatch.graph_trial as graph_trial
 import dispatch.routes.onnxrt as onnxrt_route
+import dispatch.trial_slot as trial_slot
 from benchmarks.zoo.models import InplaceInput
 from dispatch.graph_trial import IN_PLACE, ON_INDUCTOR, ROUTED_FIRST_CALLS, TIMED_CALLS, WARM_CALLS
 from dispatch.graph_tuning import WHOLE_ON_INDUCTOR
@@ -274,7 +275,7 @@ class _Trial:
 
 def test_a_graph_no_longer_called_loses_its_turn(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(graph_trial, "monotonic", lambda: now[0])
+    monkeypatch.setattr(trial_slot, "monotonic", lambda: now[0])
     slot, first, second = graph_trial.TrialSlot(), _Trial(), _Trial()
     assert slot.take(first) and not slot.take(second)
     now[0] += slot.STALE_S / 2
