@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import operator
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -48,7 +50,7 @@ def group_norm_inputs_in_traced_layout(gm: torch.fx.GraphModule) -> int:
         with gm.graph.inserting_before(node):
             clone = gm.graph.call_function(aten.clone.default, (source,), {"memory_format": layout})
         value = source.meta["val"]
-        with getattr(value, "fake_mode", None) or contextlib.nullcontext():
+        with _mode_of(value):
             clone.meta = {**source.meta, "val": value.clone(memory_format=layout)}
         node.replace_input_with(source, clone)
         cloned += 1
@@ -109,7 +111,7 @@ def batch_norm_outputs_in_traced_order(gm: torch.fx.GraphModule) -> int:
         with graph.inserting_after(dense):
             back = graph.call_function(aten.permute.default, (dense, list(inverse)))
         value = out.meta["val"]
-        with getattr(value, "fake_mode", None) or contextlib.nullcontext():
+        with _mode_of(value):
             permuted.meta = {**out.meta, "val": value.permute(order)}
             dense.meta = {**out.meta, "val": permuted.meta["val"].contiguous()}
             back.meta = {**out.meta, "val": dense.meta["val"].permute(inverse)}
@@ -141,5 +143,15 @@ def _traced_order(node: object) -> tuple[int, ...] | None:
     stride = [int(s) for s in value.stride()]
     if value.is_contiguous() or suggest_memory_format(value) != torch.contiguous_format:
         return None
-    order = tuple(sorted(range(value.dim()), key=lambda d: (-stride[d], d)))
+    order = outer_to_inner(stride)
     return None if order == tuple(range(value.dim())) else order
+
+
+def outer_to_inner(stride: Sequence[int]) -> tuple[int, ...]:
+    """The dims of a tensor with ``stride`` from outermost to innermost (ties in dim order)."""
+    return tuple(sorted(range(len(stride)), key=lambda d: (-stride[d], d)))
+
+
+def _mode_of(value: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
+    """The fake mode ``value`` was traced under, to make values beside it."""
+    return getattr(value, "fake_mode", None) or contextlib.nullcontext()

@@ -52,10 +52,11 @@ checkpointed MLP stack ran as traced in 2.6 ms, eagerly in 1.2, on ORT in 0.77
 and under plain inductor in 0.69, and inductor was never tried), may be bound
 by its count of ops, not its work: a recurrence unrolled into hundreds of small
 ops (transformers' Mamba without its CUDA kernels: 23 MFLOPs, 8.3 ms a call as
-traced and 6.3 on ORT, 4.3 under plain inductor, which fuses them). There the trial goes on: the graph is
-compiled whole by inductor on the next call's inputs (seconds, on that call;
-its ORT regions one by one where the whole graph fails, as in
-``graph_tuning``) and timed in turn against the faster side, and it moves to
+traced and 6.3 on ORT, 4.3 under plain inductor, which fuses them). There the
+trial goes on: the graph is compiled whole by inductor on the next call's
+inputs (seconds, on that call; its ORT regions one by one where the whole
+graph fails, as in ``graph_tuning``) and timed in turn against the faster
+side, and it moves to
 inductor where that took under ``ROUTED_MARGIN`` of the traced graph's time,
 or less than the routed program's (``INDUCTOR_OVER_ROUTED_MARGIN``). The
 leader's time there is the better of its two rounds: a round on a shared machine

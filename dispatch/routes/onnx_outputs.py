@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..eager_layouts import outer_to_inner
 from ..errors import DispatchError
 from .base import CompiledFn
 from .onnx_ops import fills_storage
@@ -61,7 +62,7 @@ def traced_form(gm: torch.fx.GraphModule) -> Callable[[Sequence[Any]], tuple[Any
     query), and a ``view`` of it traced as valid raised on the contiguous one.
     Copying the gaps too would cost a slice of a large tensor that tensor's size."""
     layouts = _traced_layouts(gm)
-    orders = _traced_orders(gm)
+    orders = _traced_orders(gm, restored={k for k, _ in layouts})
     numbers = _number_outputs(gm)
     if not layouts and not orders and not numbers:
         return None
@@ -116,20 +117,19 @@ def _traced_layouts(gm: torch.fx.GraphModule) -> list[tuple[int, tuple[tuple[int
     return layouts
 
 
-def _traced_orders(gm: torch.fx.GraphModule) -> list[tuple[int, tuple[int, ...]]]:
+def _traced_orders(gm: torch.fx.GraphModule, restored: set[int]) -> list[tuple[int, tuple[int, ...]]]:
     """(output position, dims from outermost to innermost) of the non-overlapping
-    outputs whose traced strides ``_traced_layouts`` does not restore and whose
-    order is not the contiguous one. Sizes and strides may be symbolic: their
-    order is read from the values they were traced with."""
-    exact = {k for k, _ in _traced_layouts(gm)}
+    outputs whose traced strides are not ``restored`` exactly (``_traced_layouts``)
+    and whose order is not the contiguous one. Sizes and strides may be symbolic:
+    their order is read from the values they were traced with."""
     orders = []
     for k, value in enumerate(output_values(gm)):
-        if k in exact or not isinstance(value, torch.Tensor) or value.dim() < 2:
+        if k in restored or not isinstance(value, torch.Tensor) or value.dim() < 2:
             continue
         size, stride = _hints(value.shape), _hints(value.stride())
         if size is None or stride is None or not _non_overlapping(size, stride):
             continue
-        order = tuple(sorted(range(len(size)), key=lambda d: (-stride[d], d)))
+        order = outer_to_inner(stride)
         # A size-1 dim's stride says nothing of the layout: contiguous is that order where
         # the other dims come in their own order.
         if [d for d in order if size[d] != 1] != [d for d in range(len(size)) if size[d] != 1]:
