@@ -34,9 +34,12 @@ def install(session: nox.Session, *extras: str) -> None:
 def tests(session: nox.Session) -> None:
     """The suite that CI runs: everything but the slow and GPU-only tests.
 
-    triton is installed so that kernels/ runs here in the Triton interpreter."""
+    triton is installed so that kernels/ runs here in the Triton interpreter. Tests
+    run in one worker per core (four at most): most of the suite's time is one
+    core compiling or tracing, and the fresh-process tests wait on a child."""
     install(session, "test", "triton")
-    session.run("pytest", "-m", "not slow and not gpu", *session.posargs)
+    workers = ("-n", "auto", "--maxprocesses", "4")
+    session.run("pytest", *workers, "-m", "not slow and not gpu", *session.posargs)
 
 
 @nox.session(python=PYTHON)

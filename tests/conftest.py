@@ -1,6 +1,6 @@
-"""Shared set-up: one Inductor cache per test session (AOTAutograd's cache off),
-the Triton interpreter where there is no GPU, a clean environment and Dynamo
-cache per test, and helpers for fake-device models."""
+"""Shared set-up: one Inductor cache per test run, shared by its workers
+(AOTAutograd's cache off), the Triton interpreter where there is no GPU, a clean
+environment and Dynamo cache per test, and helpers for fake-device models."""
 
 from __future__ import annotations
 
