@@ -202,3 +202,9 @@ def format_seconds(seconds: float) -> str:
     if seconds < 1e-3:
         return f"{seconds * 1e6:.1f} µs"
     return f"{seconds * 1e3:.2f} ms"
+
+
+def parse_seconds(text: str) -> float:
+    """``format_seconds``'s text (a cached decision's) back in seconds."""
+    value, unit = text.split()
+    return float(value) * {"µs": 1e-6, "ms": 1e-3}[unit]

@@ -223,6 +223,11 @@ class WholeGraphCheck:
         #: once decided: inductor left uncompiled by ``inductor_past``, where the
         #: in-place trial (``graph_trial``) then tries it if the traced graph wins
         self.inductor_left_out = False
+        #: once decided: the routed program kept, and inductor timed ahead of all eager
+        self.kept_routed = False
+        self.inductor_led_eager = False
+        #: set by the in-place trial that follows, which may compile the unsplit graph
+        self.unsplit_for_trial = False
         # The key of the decision, from the routes as planned: a warm start's
         # in-place trial moves the regions to its cached winner before this
         # check's first call, and must not make it measure again.
@@ -343,6 +348,8 @@ class WholeGraphCheck:
         for runner in self.runners:
             runner.run.measured[WHOLE_GRAPH] = line + note
         self.inductor_left_out = INDUCTOR_UNTRIED in decision
+        self.kept_routed = winner == AS_ROUTED
+        self.inductor_led_eager = _inductor_led_eager(decision)
         reason = f"slower as a whole graph by measurement: {line}"
         if NEAR_TIE in decision:
             reason = f"{decision[NEAR_TIE]}: {line}"
@@ -351,12 +358,22 @@ class WholeGraphCheck:
         if winner == WHOLE_ON_INDUCTOR:
             run_whole_on_inductor(self.stitched, compiled.get(WHOLE_ON_INDUCTOR), reason, self.config)
             return
-        self.stitched.whole = None
+        if not (self.kept_routed and self.unsplit_for_trial):
+            self.stitched.whole = None
         for runner in self.runners:
             if winner == ALL_EAGER and runner.chain[0] != "eager":
                 runner.run_eager(reason)
             elif winner == ON_INDUCTOR and runner.chain[0] == CUTTING_ROUTE:
                 runner.run_on("inductor", reason, compiled.get(runner.plan.name))
+
+
+def _inductor_led_eager(decision: dict[str, Any]) -> bool:
+    """Whether the check timed inductor faster than the graph all on eager."""
+    eager = decision.get(ALL_EAGER)
+    timed = [decision[name] for name in (WHOLE_ON_INDUCTOR, ON_INDUCTOR) if name in decision]
+    if eager is None or not timed:
+        return False
+    return min(map(autotune.parse_seconds, timed)) < autotune.parse_seconds(eager)
 
 
 def _winner(seconds: dict[str, float]) -> str:

@@ -354,21 +354,88 @@ def test_a_graph_timed_whole_is_then_timed_in_place_against_the_graph_as_traced(
     assert route_compiles == ([route] if route != "eager" else [])
 
 
-@pytest.mark.parametrize("timed", [{"all eager": 2.2, ON_INDUCTOR: 2.5}], indirect=True)
+@pytest.mark.parametrize(
+    "timed, route, line",
+    [
+        # inductor lost to all eager in the check: the traced graph, eager's stand-in, stands
+        ({"all eager": 2.2, ON_INDUCTOR: 2.5}, "eager", "as routed 2.00 ms, as traced 1.00 ms"),
+        # inductor led all eager: once the traced graph overturns ORT, inductor is timed against it
+        (
+            {"all eager": 2.4, ON_INDUCTOR: 2.3},
+            "inductor",
+            f"as routed 2.00 ms, as traced 1.00 ms, {ON_INDUCTOR} 500.0 µs",
+        ),
+    ],
+    indirect=["timed"],
+    ids=["inductor-behind-eager", "inductor-ahead-of-eager"],
+)
 @torch.no_grad()
-def test_a_graph_whose_check_timed_inductor_does_not_compile_it_again_in_place(
-    ort_costs, inductor_tried, timed, route_compiles
+def test_a_graph_whose_check_timed_inductor_compiles_it_again_in_place_only_where_it_led_eager(
+    ort_costs, inductor_tried, timed, route_compiles, route, line
 ):
+    """A decoder with Meta's complex-valued rotary embedding: the check kept ORT
+    (30.7 ms) over inductor (35.6) and all eager (39.3); in place the traced graph
+    overturned ORT, and the graph ran as traced at 1.05x plain inductor's time."""
     from tests.test_timed_graphs import LARGE
 
     ort_costs[:] = [2e-3, 1e-3]
+    ort_costs.inductor = 0.5e-3
     model, (x,) = LARGE
     compiled, graphs = _compiled(model, x)
     assert route_compiles == ["onnxrt", "inductor"]  # the check's inductor candidate
     _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
     (region,) = _regions(graphs)
-    assert region.route == "eager" and region.measured[IN_PLACE] == "as routed 2.00 ms, as traced 1.00 ms"
-    assert route_compiles == ["onnxrt", "inductor"]
+    assert region.route == route and region.measured[IN_PLACE] == line
+    assert route_compiles == ["onnxrt", "inductor"] + ["inductor"] * (route == "inductor")
+
+
+@pytest.mark.parametrize(
+    "inductor_s, route, why",
+    [
+        (0.93e-3, "inductor", None),
+        (0.97e-3, "eager", "under 5% faster than the graph as traced, the margin inductor must win by"),
+    ],
+)
+@pytest.mark.parametrize("timed", [{"all eager": 2.4, ON_INDUCTOR: 1.0}], indirect=True)
+@torch.no_grad()
+def test_a_graph_the_check_moved_to_inductor_is_held_to_inductors_margin_in_place(
+    ort_costs, inductor_tried, timed, route_compiles, inductor_s, route, why
+):
+    """The check ran the graph on inductor, which then beat the traced graph in place
+    by 7%: short of the 10% meant for ORT's thread pools, which inductor does not
+    wake, so it ran as traced (Meta's rotary decoder: 1.05x plain inductor's time)."""
+    from tests.test_timed_graphs import LARGE
+
+    ort_costs[:] = [2e-3, 1e-3]
+    ort_costs.inductor = inductor_s
+    model, (x,) = LARGE
+    compiled, graphs = _compiled(model, x)
+    (region,) = _regions(graphs)
+    assert region.route == "inductor"
+    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
+    (region,) = _regions(graphs)
+    assert region.route == route
+    assert region.measured[IN_PLACE] == f"as routed {inductor_s * 1e6:.1f} µs, as traced 1.00 ms"
+    assert why is None or why in region.rejected["inductor"]
+    assert route_compiles == ["onnxrt", "inductor"], "inductor compiled again in place"
+
+
+@pytest.mark.parametrize("timed", [{"all eager": 2.2, WHOLE_ON_INDUCTOR: 2.15}], indirect=True)
+@torch.no_grad()
+def test_a_cut_graph_the_check_kept_on_onnx_is_compiled_whole_in_place(ort_costs, inductor_tried, timed):
+    """The check kept ORT over the graph compiled whole by inductor, then the traced
+    graph led in place: inductor is tried again on the graph kept unsplit for it,
+    not region by region (which keeps the cuts: Mixtral 1.07x plain inductor)."""
+    ort_costs[:] = [2e-3, 3e-3]  # two ORT runs a call: 4 ms routed, 3 ms as traced
+    ort_costs.inductor = 1e-3
+    model, x = ExpertBetweenOnnx(1024).eval(), torch.randn(16, 1024)
+    compiled, graphs = _compiled(model, x, options={"min_region_size": 1})
+    assert [r.route for r in _regions(graphs)] == ["onnxrt", "eager", "onnxrt"]
+    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
+    line = f"as routed 4.00 ms, as traced 3.00 ms, {WHOLE_ON_INDUCTOR} 1.00 ms"
+    assert [r.route for r in _regions(graphs)] == ["inductor"] * 3
+    assert all(r.measured[IN_PLACE] == line for r in _regions(graphs))
+    assert graphs[0].stitched.whole is None, "the unsplit copy outlived its compile"
 
 
 @pytest.mark.parametrize("timed", [{"all eager": 1.0}], indirect=True)
@@ -569,8 +636,8 @@ def test_a_small_cut_graph_moves_whole_to_one_inductor_compile(
         # ORT leads: inductor replaces it where faster at all (ORT's wake-up cost is outside its call)
         ([2e-3, 3e-3], 1.95e-3, "inductor"),
         ([2e-3, 3e-3], 2.05e-3, "onnxrt"),
-        # as traced leads: inductor must beat it by the margin
-        ([3e-3, 2e-3], 1.7e-3, "inductor"),
+        # as traced leads: inductor must beat it by 5%
+        ([3e-3, 2e-3], 1.85e-3, "inductor"),
         ([3e-3, 2e-3], 1.9e-3, "eager"),
     ],
 )
