@@ -105,6 +105,14 @@ from .routes import CompiledFn, registry
 from .routes.onnx_threads import TRIAL_CALLS as THREAD_TRIAL_CALLS
 from .routes.onnx_threads import WARM_CALLS as THREAD_WARM_CALLS
 from .stitch import StitchedGraph, with_forward_swapped, with_region_inputs, with_regions_swapped
+from .trial_margins import (
+    INDUCTOR_OVER_ROUTED_MARGIN,
+    INDUCTOR_OVER_TRACED_MARGIN,
+    INDUCTOR_PAST_ROUTED_SHARE,
+    ROUTED_MARGIN,
+    runs_subgraphs,
+    traced_won_note,
+)
 from .trial_slot import TrialSlot
 
 log = logging.getLogger("dispatch")
@@ -117,7 +125,6 @@ IN_PLACE = "in place"  # the key of this measurement in each region's ``measured
 ROUTED_FIRST_CALLS = 1 + 2 * (THREAD_WARM_CALLS + THREAD_TRIAL_CALLS)
 WARM_CALLS = 2  # untimed calls of each side once the sides alternate
 TIMED_CALLS = 16  # timed calls of each side
-ROUTED_MARGIN = 0.9  # the routed program must take under this share of the traced graph's time
 # The faster side's median call at or past which inductor is tried too. Below it
 # the graph runs in tens of µs, where Dynamo's own call and the stitching are
 # much of the time, and an inductor compile of seconds takes days of calls to
@@ -130,24 +137,6 @@ ROUTED_MARGIN = 0.9  # the routed program must take under this share of the trac
 # times at either value (one process each, in turn; 2026-11-27). The compile
 # happens on a later call (after ``ROUTED_FIRST_CALLS``), never the first.
 INDUCTOR_TRIAL_S = 1e-4
-# Nor where the routed program took under this share of the traced graph's time:
-# ONNX Runtime's kernels already fuse what inductor would. The wider set's
-# hf_levit measured 1.10 ms as routed against 3.08 as traced (0.36) in its trial,
-# and plain inductor ran it in 760 µs against auto's 488 settled; Mamba's graph
-# measured 0.74-0.97.
-INDUCTOR_PAST_ROUTED_SHARE = 0.5  # unless its ORT regions are many small ops (graph_tuning)
-# Inductor, once compiled, replaces a routed leader where it is faster at all: its
-# kernels run on torch's threads, while ORT's cost to the code after its call (the
-# pool it woke) is not in the routed side's time. With ROUTED_MARGIN there, Mixtral
-# at 1x16 tokens kept ORT (whole graph on inductor 638 µs in the trial) and ran in
-# 761 µs against plain inductor's 672.
-INDUCTOR_OVER_ROUTED_MARGIN = 1.0
-# Against the traced graph, inductor must run the graph 5% faster, the tolerance
-# auto is held to against every other column: within it the traced graph serves,
-# whose warm start costs nothing where inductor's costs a compile. At 0.9, a
-# 4-layer decoder with Meta's complex-valued rotary embedding ran as traced in
-# 35.3 ms against plain inductor's 33.6 (1.05x; AMD EPYC, AVX2, 2 cores).
-INDUCTOR_OVER_TRACED_MARGIN = 0.95
 _KIND = "in-place-trial"
 TRACED_WON = "traced won"  # a decision's note: why the routed program lost to the traced graph
 
@@ -186,17 +175,6 @@ def in_place_trial(
     if settled is None and trial.inductor and whole_check is not None:
         whole_check.unsplit_for_trial = True  # the trial may still compile the graph whole
     return settled or trial
-
-
-def runs_subgraphs(gm: torch.fx.GraphModule) -> bool:
-    """Whether the Dynamo graph ``gm`` calls a higher-order op (``torch.cond``,
-    ``flex_attention``, a checkpointed block, a scan): run as traced, each such
-    call runs its subgraph through Python, op by op, where the lowered graph
-    inlines or lowers it."""
-    return any(
-        node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
-        for node in gm.graph.nodes
-    )
 
 
 def _free_unsplit(stitched: Sequence[StitchedGraph]) -> None:
@@ -354,7 +332,7 @@ class InPlaceTrial:
         decision["winner"] = label if winner == ON_INDUCTOR else winner
         if winner == AS_TRACED:
             routed_s, traced_s = self.first_round[AS_ROUTED], self.first_round[AS_TRACED]
-            decision[TRACED_WON] = _traced_won(routed_s, traced_s, self._routed_margin())
+            decision[TRACED_WON] = traced_won_note(routed_s, traced_s, self._routed_margin())
         self.cache.put_json(_KIND, self.key, decision)
         self._apply(decision, cached=False)
 
@@ -439,18 +417,6 @@ class InPlaceTrial:
         self.chosen = self.sides[AS_ROUTED if winner == ON_INDUCTOR else winner]
         self.sides = {winner: self.chosen}  # the loser's memory goes with it
         self.on_inductor = self.whole = None
-
-
-def _traced_won(routed_s: float, traced_s: float, margin: float) -> str:
-    """Why the routed program, at ``routed_s`` a call, lost to the traced graph at
-    ``traced_s``: it was slower, or not faster by ``margin``, the one it must win by."""
-    if routed_s >= traced_s:
-        return "slower in place than the graph as traced"
-    if margin == ROUTED_MARGIN:
-        why = "the margin that pays for the thread pools it wakes for the code after it"
-    else:
-        why = "the margin inductor must win by, whose warm start costs a compile"
-    return f"in place, under {1 - margin:.0%} faster than the graph as traced, {why}"
 
 
 TRIAL_SLOT = TrialSlot()

@@ -1,0 +1,51 @@
+"""What each side of the in-place trial (``graph_trial``) must win by, and when
+inductor is tried there: the margins, each with the measurement that set it."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+ROUTED_MARGIN = 0.9  # the routed program must take under this share of the traced graph's time
+# Inductor is not tried where the routed program took under this share of the
+# traced graph's time (graph_trial.InPlaceTrial._tries_inductor): ONNX Runtime's
+# kernels already fuse what inductor would. The wider set's
+# hf_levit measured 1.10 ms as routed against 3.08 as traced (0.36) in its trial,
+# and plain inductor ran it in 760 µs against auto's 488 settled; Mamba's graph
+# measured 0.74-0.97.
+INDUCTOR_PAST_ROUTED_SHARE = 0.5  # unless its ORT regions are many small ops (graph_tuning)
+# Inductor, once compiled, replaces a routed leader where it is faster at all: its
+# kernels run on torch's threads, while ORT's cost to the code after its call (the
+# pool it woke) is not in the routed side's time. With ROUTED_MARGIN there, Mixtral
+# at 1x16 tokens kept ORT (whole graph on inductor 638 µs in the trial) and ran in
+# 761 µs against plain inductor's 672.
+INDUCTOR_OVER_ROUTED_MARGIN = 1.0
+# Against the traced graph, inductor must run the graph 5% faster, the tolerance
+# auto is held to against every other column: within it the traced graph serves,
+# whose warm start costs nothing where inductor's costs a compile. At 0.9, a
+# 4-layer decoder with Meta's complex-valued rotary embedding ran as traced in
+# 35.3 ms against plain inductor's 33.6 (1.05x; AMD EPYC, AVX2, 2 cores).
+INDUCTOR_OVER_TRACED_MARGIN = 0.95
+
+
+def runs_subgraphs(gm: torch.fx.GraphModule) -> bool:
+    """Whether the Dynamo graph ``gm`` calls a higher-order op (``torch.cond``,
+    ``flex_attention``, a checkpointed block, a scan): run as traced, each such
+    call runs its subgraph through Python, op by op, where the lowered graph
+    inlines or lowers it."""
+    return any(
+        node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
+        for node in gm.graph.nodes
+    )
+
+
+def traced_won_note(routed_s: float, traced_s: float, margin: float) -> str:
+    """Why the routed program, at ``routed_s`` a call, lost to the traced graph at
+    ``traced_s``: it was slower, or not faster by ``margin``, the one it must win by."""
+    if routed_s >= traced_s:
+        return "slower in place than the graph as traced"
+    if margin == ROUTED_MARGIN:
+        why = "the margin that pays for the thread pools it wakes for the code after it"
+    else:
+        why = "the margin inductor must win by, whose warm start costs a compile"
+    return f"in place, under {1 - margin:.0%} faster than the graph as traced, {why}"
