@@ -138,9 +138,9 @@ def _traced_order(node: object) -> tuple[int, ...] | None:
     value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or value.dim() < 2:
         return None
-    if any(type(s) is not int for s in value.stride()):
+    stride = value.stride()
+    if any(type(s) is not int for s in stride):
         return None
-    stride = [int(s) for s in value.stride()]
     if value.is_contiguous() or suggest_memory_format(value) != torch.contiguous_format:
         return None
     order = outer_to_inner(stride)

@@ -60,11 +60,11 @@ traced and 6.3 on ORT, 4.3 under plain inductor, which fuses them). There the
 trial goes on: the graph is compiled whole by inductor on the next call's
 inputs (seconds, on that call; its ORT regions one by one where the whole
 graph fails, as in ``graph_tuning``) and timed in turn against the faster
-side, and it moves to
-inductor where that took under ``INDUCTOR_OVER_TRACED_MARGIN`` of the traced
-graph's time, or less than the routed program's (``INDUCTOR_OVER_ROUTED_MARGIN``). The
-leader's time there is the better of its two rounds: a round on a shared machine
-is only ever slowed by what else runs, and the decision is cached. In one
+side, and it moves to inductor where that took under
+``INDUCTOR_OVER_TRACED_MARGIN`` of the traced graph's time, or less than the
+routed program's (``INDUCTOR_OVER_ROUTED_MARGIN``). The leader's time there
+is the better of its two rounds: a round on a shared machine is only ever
+slowed by what else runs, and the decision is cached. In one
 process of a sweep timm's LCNet left ORT for inductor and ran 1.83 ms a call,
 against 0.30-0.37 ms on ORT in four others (its trial: ORT at 0.17-0.23 of the
 traced graph's time; not reproduced, so both rounds may have been slowed there).
@@ -307,15 +307,7 @@ class InPlaceTrial:
         if not self.inductor or seconds[self.leader] < INDUCTOR_TRIAL_S:
             return False
         if self.whole_check is not None:
-            # Judged again only where the traced graph overturned the routed program
-            # the check kept, and the check left inductor out by its bar or timed it
-            # ahead of the program all on eager (the traced graph's stand-in there).
-            check = self.whole_check
-            return (
-                self.leader == AS_TRACED
-                and check.kept_routed
-                and (check.inductor_left_out or check.inductor_led_eager)
-            )
+            return self.leader == AS_TRACED and self.whole_check.inductor_open
         share = seconds[AS_ROUTED] / seconds[AS_TRACED]
         return (
             share >= INDUCTOR_PAST_ROUTED_SHARE

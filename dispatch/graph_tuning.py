@@ -255,6 +255,14 @@ class WholeGraphCheck:
             self.pending = False
             return out
 
+    @property
+    def inductor_open(self) -> bool:
+        """Once decided: whether the in-place trial still judges inductor where the
+        traced graph overturns the routed program kept here (this check left it
+        out by its bar, or timed it ahead of the graph all on eager, the traced
+        graph's stand-in here)."""
+        return self.kept_routed and (self.inductor_left_out or self.inductor_led_eager)
+
     def _key(self) -> str:
         parts = (region_key(r.gm, tuple(r.chain)) for r in self.runners)
         past = () if self.inductor_past is None else (f"{ON_INDUCTOR} past {self.inductor_past.share}",)
@@ -358,7 +366,7 @@ class WholeGraphCheck:
         if winner == WHOLE_ON_INDUCTOR:
             run_whole_on_inductor(self.stitched, compiled.get(WHOLE_ON_INDUCTOR), reason, self.config)
             return
-        if not (self.kept_routed and self.unsplit_for_trial):
+        if not (self.unsplit_for_trial and self.inductor_open):
             self.stitched.whole = None
         for runner in self.runners:
             if winner == ALL_EAGER and runner.chain[0] != "eager":
