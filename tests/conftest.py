@@ -196,3 +196,11 @@ def on_fake_device(module: torch.nn.Module, device: str, mode: FakeTensorMode) -
 def fake_inputs(mode: FakeTensorMode, device: str, *shapes: tuple[int, ...], dtype=torch.float32):
     with mode:
         return [torch.randn(*s, device=device, dtype=dtype) for s in shapes]
+
+
+@pytest.fixture
+def torch_threads():
+    """``torch.set_num_threads`` for one test; the count is put back after it."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)

@@ -318,7 +318,7 @@ class GraphBreak(torch.nn.Module):
 
 
 @pytest.mark.parametrize("rows, one_thread", [(64, True), (512, False)])
-def test_ort_workers_stop_spinning_when_a_run_returns(monkeypatch, rows, one_thread):
+def test_ort_workers_stop_spinning_when_a_run_returns(monkeypatch, torch_threads, rows, one_thread):
     """Spinning ORT workers took the cores from the Python between Dynamo graphs
     (a model with graph breaks ran 20x slower than eager); every session, a lone
     region's too, stops its workers spinning as its run returns. A region with
@@ -334,6 +334,7 @@ def test_ort_workers_stop_spinning_when_a_run_returns(monkeypatch, rows, one_thr
         return real(model, options, **kwargs)
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", recording)
+    torch_threads(2)  # at one, no pool is tried
     model, x = GraphBreak().eval(), torch.randn(rows, 128)
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model, backend="auto")(x), model(x))
@@ -345,9 +346,12 @@ def test_ort_workers_stop_spinning_when_a_run_returns(monkeypatch, rows, one_thr
     assert sides == ([True, True] if one_thread else [False, True, False, True])
 
 
-def test_a_mid_sized_region_keeps_the_thread_count_measured_in_place(monkeypatch, caplog, routed_throughout):
-    """17 MFLOP between torch ops: the first calls run on ORT's pool and on one thread
-    in turn, every output right, and each region then keeps one of them."""
+def test_a_mid_sized_region_keeps_the_thread_count_measured_in_place(
+    monkeypatch, caplog, routed_throughout, torch_threads
+):
+    """17 MFLOP between torch ops: the first calls run on ORT's pool (torch's two
+    threads) and on one thread in turn, every output right, and each region then
+    keeps one of them."""
     import onnxruntime
 
     from dispatch.routes.onnx_threads import TRIAL_CALLS, WARM_CALLS
@@ -361,12 +365,13 @@ def test_a_mid_sized_region_keeps_the_thread_count_measured_in_place(monkeypatch
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", recording)
     monkeypatch.setenv("DISPATCH_LOG", "info")
+    torch_threads(2)
     model, x = GraphBreak().eval(), torch.randn(512, 128)
     compiled = torch.compile(model, backend="auto")
     with torch.no_grad(), caplog.at_level(logging.INFO, logger="dispatch"):
         for _ in range(2 * (WARM_CALLS + TRIAL_CALLS) + 2):
             torch.testing.assert_close(compiled(x), model(x))
-    assert sorted(threads) == [0, 0, 1, 1]  # per Dynamo graph: the pool, then one thread
+    assert sorted(threads) == [1, 1, 2, 2]  # per Dynamo graph: the pool, then one thread
     kept = [r.getMessage() for r in caplog.records if "runs measured in place" in r.getMessage()]
     assert len(kept) == 2, kept
 

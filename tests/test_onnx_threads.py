@@ -123,3 +123,34 @@ def test_a_large_region_beside_other_routes_is_tried_in_place(after, routes, pla
     planned, region = _large_region_followed_by(after)
     assert planned == routes
     assert thread_plan(region, [torch.randn(2048, 256)]) == plan
+
+
+def _sessions_threads(plan: str) -> int | set[int]:
+    """The intra-op thread count of the session(s) a region planned ``plan`` runs on."""
+    from dispatch.routes.onnx_export import export_region
+    from dispatch.routes.onnxrt import threaded_session
+
+    x = torch.randn(64, 256)
+    model = export_region(make_fx(lambda x: torch.relu(x @ x.T))(x), [x])
+    runner = threaded_session(model, torch.device("cpu"), plan, [0], [], 1)
+    torch.testing.assert_close(runner(x)[0], torch.relu(x @ x.T), rtol=1e-4, atol=1e-4)
+    if isinstance(runner, ThreadCountTrial):
+        return {s.session.get_session_options().intra_op_num_threads for s in runner.sessions.values()}
+    return runner.session.get_session_options().intra_op_num_threads
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_the_pool_has_as_many_threads_as_torch(torch_threads, threads):
+    """Not ORT's default of one per physical core: a process told to use fewer
+    (one of several serving processes) keeps to them."""
+    torch_threads(threads)
+    assert _sessions_threads(POOL) == threads
+    assert _sessions_threads(ONE) == 1
+
+
+def test_where_torch_runs_on_one_thread_every_session_does_and_nothing_is_tried(torch_threads):
+    torch_threads(1)
+    assert _sessions_threads(TRIAL) == 1  # one plain session, no trial
+    assert _sessions_threads(POOL) == 1
+    torch_threads(2)
+    assert _sessions_threads(TRIAL) == {2}  # the trial's pool side, built on the first call

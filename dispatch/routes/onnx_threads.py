@@ -23,6 +23,12 @@ a region alone in its graph. A large region between other routes' regions is
 tried too: in a mixture-of-experts decoder (91-op ORT regions between eager
 expert matmuls) the pool ran a region in 207 µs alone and in 394 µs in place,
 where one thread took 393.
+
+The pool has as many threads as torch's own (``torch.set_num_threads``), not
+ORT's default of one per physical core: a process told to use one thread (one
+of several serving processes, a data-loader worker) ran its ORT regions on
+every core of the machine, past what it was given, beside the other processes'
+pools. At one thread there is no pool to try.
 """
 
 from __future__ import annotations
@@ -53,6 +59,11 @@ SMALL_REGION_NUMEL = 4096
 TRIAL_CALLS = 16  # timed runs per side, after WARM_CALLS untimed runs each
 WARM_CALLS = 4
 POOL_MARGIN = 0.9  # the pool is kept where it ran in 90% of one thread's time or less
+
+
+def pool_threads() -> int:
+    """The size of a region's ORT pool: torch's intra-op thread count."""
+    return max(1, torch.get_num_threads())
 
 
 def thread_plan(gm: torch.fx.GraphModule, args: Sequence[Any]) -> str:

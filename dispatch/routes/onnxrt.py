@@ -50,7 +50,7 @@ from .onnx_ops import export_opset, not_as_in_torch, translatable, untranslatabl
 from .onnx_outputs import checked_against_torch, in_traced_layout, output_values
 from .onnx_rebake import Rebake
 from .onnx_rewrites import sorts_in_onnx_runtime_order
-from .onnx_threads import ONE, POOL, TRIAL, ThreadCountTrial, thread_plan
+from .onnx_threads import ONE, POOL, TRIAL, ThreadCountTrial, pool_threads, thread_plan
 from .registry import registry
 
 log = logging.getLogger("dispatch")
@@ -301,7 +301,10 @@ def threaded_session(
     output_count: int,
 ) -> CompiledFn:
     """``bound_session`` on the thread count ``threads`` names (``onnx_threads.py``):
-    one thread, the pool, or a trial of both on the first calls (CPU only)."""
+    one thread, the pool, or a trial of both on the first calls (CPU only). Where
+    torch runs on one thread, so does every session: the pool is that size."""
+    if pool_threads() == 1:
+        threads = ONE
     if threads == TRIAL and device.type == "cpu":
         return ThreadCountTrial(lambda one: bound_session(model, device, one, positions, bools, output_count))
     return bound_session(model, device, threads == ONE, positions, bools, output_count)
@@ -329,8 +332,7 @@ def bound_session(
     # top of the arena: +10 MB resident on the transformer layer after ten calls,
     # for no speed measurable on any benchmark model (benchmarks/README.md).
     options.enable_mem_pattern = False
-    if one_thread:
-        options.intra_op_num_threads = 1
+    options.intra_op_num_threads = 1 if one_thread else pool_threads()
     # ORT's workers spin while a run lasts and stop as it returns: left spinning
     # after it, they took the cores from whatever ran next (eager regions,
     # Python between Dynamo graphs, the caller's next line); a model with graph
