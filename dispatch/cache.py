@@ -172,6 +172,32 @@ def region_key(gm: torch.fx.GraphModule, *parts: object) -> str:
     return h.hexdigest()
 
 
+def timing_context() -> tuple[object, ...]:
+    """What a timed decision holds under beyond its graph: torch's thread count
+    (``torch.set_num_threads``; ORT's pool follows it), the CPU, and the GPUs
+    where CUDA is in use. A decision stored under another (a process given one
+    thread, a cache folder shared by two machines) is a miss, timed again."""
+    gpus: tuple[str, ...] = ()
+    if torch.cuda.is_initialized():  # never initialised here: that costs a context
+        gpus = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    return ("timed under", torch.get_num_threads(), cpu_name(), gpus)
+
+
+@functools.cache
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` says)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def tensors_digest(tensors: Iterable[torch.Tensor]) -> str:
     """A digest of tensor values (baked weights are part of an ONNX artifact)."""
     h = hashlib.blake2b(digest_size=20)

@@ -54,6 +54,7 @@ masks differ). Inductor keeps a training step only where it is
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import threading
 import time
@@ -66,7 +67,7 @@ import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from . import autotune
-from .cache import ArtifactCache
+from .cache import ArtifactCache, timing_context
 from .config import Config
 from .inspect import GRAPH_BACKWARD, GRAPH_INFERENCE
 from .record import GraphRecord, recorder
@@ -181,7 +182,8 @@ class CaptureCheck:
         training: bool = False,
     ) -> None:
         self.cache = ArtifactCache(config.cache_dir)
-        self.key = key
+        #: the graph's key (``served_plans.graph_key``) under this process's timing context
+        self.key = hashlib.sha256(f"{key}|{timing_context()}".encode()).hexdigest()
         self.graph_index = graph_index
         self.route = route
         #: a step (forward and backward) is timed, not a call
@@ -197,7 +199,7 @@ class CaptureCheck:
             else CPU_TIMED_BELOW_S
         )
         self.as_traced = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # shares gm's tensors
-        stored = self.cache.get_json(_KIND, key)
+        stored = self.cache.get_json(_KIND, self.key)
         #: the decision a former process stored for this graph, read once
         self.stored: dict[str, Any] | None = stored if isinstance(stored, dict) else None
         #: the checked aten graphs' plans (an inference graph, or a forward then its

@@ -87,7 +87,7 @@ import torch
 import torch.fx
 
 from . import autotune
-from .cache import ArtifactCache, region_key
+from .cache import ArtifactCache, region_key, timing_context
 from .config import Config
 from .graph_tuning import (
     AS_ROUTED,
@@ -222,6 +222,7 @@ class InPlaceTrial:
             *(s.gm.code for s in stitched[1:]),
             *(region_key(r.gm, tuple(r.chain)) for r in self.runners),
             IN_PLACE,
+            timing_context(),
         )
         self.clock = clock or perf_counter
         self.calls = 0

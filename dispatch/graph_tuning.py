@@ -57,7 +57,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from . import autotune
 from .autotune import check_close
-from .cache import ArtifactCache, inductor_cache, region_key, using
+from .cache import ArtifactCache, inductor_cache, region_key, timing_context, using
 from .config import Config
 from .errors import error_line
 from .inductor_bar import CUTTING_ROUTE, InductorBar, inductor_past, onnx_work
@@ -267,7 +267,7 @@ class WholeGraphCheck:
         parts = (region_key(r.gm, tuple(r.chain)) for r in self.runners)
         past = () if self.inductor_past is None else (f"{ON_INDUCTOR} past {self.inductor_past.share}",)
         whole = (WHOLE_ON_INDUCTOR,) if self.cut and self.stitched.whole is not None else ()
-        return region_key(self.gm, *parts, *self.rivals, *past, *whole)
+        return region_key(self.gm, *parts, *self.rivals, *past, *whole, timing_context())
 
     def _routed(self) -> bool:
         return any(r.chain[0] != "eager" for r in self.runners)

@@ -34,7 +34,7 @@ import torch
 import torch.fx
 
 from .autotune import flat_outputs, format_seconds, measure
-from .cache import ArtifactCache, region_key
+from .cache import ArtifactCache, region_key, timing_context
 from .config import Config
 from .errors import error_line
 from .planner import availability
@@ -112,6 +112,7 @@ def trial_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str:
         gm,
         _KIND,
         [(tuple(t.shape), t.dtype, t.device.type) for t in example_inputs if isinstance(t, torch.Tensor)],
+        timing_context(),
     )
 
 

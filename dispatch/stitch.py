@@ -24,7 +24,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .autotune import check_close, format_seconds, measure
-from .cache import ArtifactCache, inductor_cache, region_key, using
+from .cache import ArtifactCache, inductor_cache, region_key, timing_context, using
 from .config import Config
 from .errors import RouteFailedError, error_line
 from .planner import fallback_advice
@@ -276,7 +276,7 @@ class RegionRunner:
         return True
 
     def _decision_key(self) -> str:
-        return region_key(self.gm, "decision", tuple(self.chain))
+        return region_key(self.gm, "decision", tuple(self.chain), timing_context())
 
     def _autotune(self, args: Sequence[Any]) -> None:
         """Reorder the chain by measured speed (or by the cached decision) and

@@ -61,6 +61,36 @@ def test_a_graph_onnx_runs_slower_than_eager_moves_to_inductor(timed, route_comp
     assert len(timed) == 2, "the cached whole-graph decision was measured again"
 
 
+@pytest.mark.parametrize("timed", [{"all eager": 1.0, ON_INDUCTOR: 0.5}], indirect=True)
+@torch.no_grad()
+def test_a_decision_timed_on_other_threads_is_timed_again(timed, torch_threads):
+    """A process given one thread (one of several serving processes) does not run
+    what won on two: its graph is timed again, and each decision is kept."""
+    model, args = LARGE
+    torch_threads(2)
+    _explained(model, args)
+    assert len(timed) == 2
+    for threads, timings in ((2, 2), (1, 4), (1, 4), (2, 4)):
+        torch_threads(threads)
+        torch.testing.assert_close(torch.compile(model, backend="auto")(*args), model(*args))
+        assert len(timed) == timings, f"on {threads} threads"
+
+
+@pytest.mark.parametrize("timed", [{"all eager": 1.0, ON_INDUCTOR: 0.5}], indirect=True)
+@torch.no_grad()
+def test_a_decision_timed_on_another_cpu_is_timed_again(timed, monkeypatch):
+    """A cache folder shared by two machines (a home directory on a cluster): the
+    second times the graph on its own CPU instead of running the first's winner."""
+    import dispatch.cache
+
+    model, args = LARGE
+    _explained(model, args)
+    assert len(timed) == 2
+    monkeypatch.setattr(dispatch.cache, "cpu_name", lambda: "another CPU")
+    torch.testing.assert_close(torch.compile(model, backend="auto")(*args), model(*args))
+    assert len(timed) == 4
+
+
 @pytest.mark.parametrize("timed", [{"as routed": 1.5, "all eager": 2.0}], indirect=True)
 @torch.no_grad()
 def test_inductor_is_not_compiled_where_onnx_clearly_beats_eager(timed, route_compiles):

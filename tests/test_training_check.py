@@ -85,6 +85,19 @@ def test_a_training_step_runs_as_traced_where_that_beat_inductor(timed, compiles
     assert [r.route for p in warm for r in p.regions] == ["eager", "eager"]
 
 
+@pytest.mark.parametrize("timed", [{AS_TRACED: 1.0, INDUCTOR: 2.0}], indirect=True)
+def test_a_step_timed_on_other_threads_is_timed_again(timed, torch_threads):
+    model, x = with_batch_norm(), torch.randn(4, 8)
+    reference = copy.deepcopy(model)
+    torch_threads(2)
+    stepped_as_eager(model, reference, x)
+    for threads, timings in ((2, 1), (1, 2), (2, 2)):
+        torch._dynamo.reset()
+        torch_threads(threads)
+        stepped_as_eager(model, reference, x)
+        assert len(timed) == timings, f"on {threads} threads"
+
+
 @pytest.mark.parametrize(
     "timed, route, inductor_ms",
     [
