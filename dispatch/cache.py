@@ -174,13 +174,16 @@ def region_key(gm: torch.fx.GraphModule, *parts: object) -> str:
 
 def timing_context() -> tuple[object, ...]:
     """What a timed decision holds under beyond its graph: torch's thread count
-    (``torch.set_num_threads``; ORT's pool follows it), the CPU, and the GPUs
-    where CUDA is in use. A decision stored under another (a process given one
-    thread, a cache folder shared by two machines) is a miss, timed again."""
+    (``torch.set_num_threads``; ORT's pool follows it), the CPU and the vector ISA
+    torch's kernels run on (virtual machines name an AVX-512 and an AVX2-only
+    host alike, "AMD EPYC"), and the GPUs where CUDA is in use. A decision stored
+    under another (a process given one thread, a cache folder shared by two
+    machines) is a miss, timed again."""
     gpus: tuple[str, ...] = ()
     if torch.cuda.is_initialized():  # never initialised here: that costs a context
         gpus = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
-    return ("timed under", torch.get_num_threads(), cpu_name(), gpus)
+    isa = torch.backends.cpu.get_cpu_capability()
+    return ("timed under", torch.get_num_threads(), cpu_name(), isa, gpus)
 
 
 @functools.cache

@@ -78,15 +78,21 @@ def test_a_decision_timed_on_other_threads_is_timed_again(timed, torch_threads):
 
 @pytest.mark.parametrize("timed", [{"all eager": 1.0, ON_INDUCTOR: 0.5}], indirect=True)
 @torch.no_grad()
-def test_a_decision_timed_on_another_cpu_is_timed_again(timed, monkeypatch):
+@pytest.mark.parametrize("other", ["model", "isa"])
+def test_a_decision_timed_on_another_cpu_is_timed_again(timed, monkeypatch, other):
     """A cache folder shared by two machines (a home directory on a cluster): the
-    second times the graph on its own CPU instead of running the first's winner."""
+    second times the graph on its own CPU instead of running the first's winner,
+    also where only its vector ISA differs (VMs name both hosts "AMD EPYC")."""
     import dispatch.cache
 
     model, args = LARGE
     _explained(model, args)
     assert len(timed) == 2
-    monkeypatch.setattr(dispatch.cache, "cpu_name", lambda: "another CPU")
+    if other == "model":
+        monkeypatch.setattr(dispatch.cache, "cpu_name", lambda: "another CPU")
+    else:
+        isa = "AVX2" if torch.backends.cpu.get_cpu_capability() != "AVX2" else "AVX512"
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: isa)
     torch.testing.assert_close(torch.compile(model, backend="auto")(*args), model(*args))
     assert len(timed) == 4
 
