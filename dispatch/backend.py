@@ -25,6 +25,7 @@ import torch
 import torch.fx
 from torch._functorch.aot_autograd import make_boxed_func
 
+from . import fork_safety  # noqa: F401  (registers its after-fork hook)
 from .aot import aot_compile
 from .aten_cache import GraphSource, aten_graph_key, load_aten_graph, read_back, save_aten_graph
 from .cache import ArtifactCache, current_cache, inductor_cache, using
