@@ -204,6 +204,9 @@ class _GraphCompiler:
         self.stitched: list[StitchedGraph] = []  # the programs this compiler stitched
         #: graph_tuning's check, where it times the inference graph whole on its first call
         self.whole_check: WholeGraphCheck | None = None
+        #: the positions of the Dynamo graph's inputs its inference graph updates in
+        #: place, where AOTAutograd traced it here (not for a stored aten graph)
+        self.mutated: frozenset[int] | None = None
 
     def with_config(self, config: Config) -> _GraphCompiler:
         """This compiler, for the same graph, under other settings."""
@@ -258,7 +261,9 @@ class _GraphCompiler:
         if _all_eager(r for p in self.plans for r in p.regions):
             return gm.forward
         routed = _settling(program, gm.forward, self.stitched)
-        return in_place_trial(routed, gm, self.stitched, self.plans, self.config, self.whole_check)
+        return in_place_trial(
+            routed, gm, self.stitched, self.plans, self.config, self.whole_check, self.mutated
+        )
 
     def _from_cached(
         self, aten: torch.fx.GraphModule, example_inputs: Sequence[Any]
@@ -297,7 +302,10 @@ class _GraphCompiler:
         if kind != GRAPH_BACKWARD and len(placeholders) == lifted + self.inputs.count:
             names = {lifted + i: name for i, name in self.inputs.names.items()}
             if kind == GRAPH_INFERENCE and static is None:
-                mark_static_inputs(gm, self.inputs.static, lifted, mutated_inputs())
+                mutated = mutated_inputs()
+                mark_static_inputs(gm, self.inputs.static, lifted, mutated)
+                if all(i >= lifted for i in mutated):  # else a lifted buffer: not among Dynamo's inputs
+                    self.mutated = frozenset(i - lifted for i in mutated)
         if kind == GRAPH_INFERENCE and static is not None:
             mark_static_inputs(gm, static, 0, mutated_inputs())
         # Kept unsplit where inductor may stand in for a graph that ORT regions

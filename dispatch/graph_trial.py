@@ -99,6 +99,7 @@ from .graph_tuning import (
     whole_graph_on_inductor,
 )
 from .inductor_bar import CUTTING_ROUTE, many_small_ops, without_matmuls
+from .plain_inductor import PLAIN_INDUCTOR, checked_plain_call, plain_on_first_call
 from .planner import availability
 from .region import GraphPlan
 from .routes import CompiledFn, registry
@@ -148,12 +149,14 @@ def in_place_trial(
     plans: Sequence[GraphPlan],
     config: Config,
     whole_check: WholeGraphCheck | None,
+    mutated: frozenset[int] | None = None,
 ) -> Callable[..., Any]:
     """What Dynamo calls for an inference graph whose regions are not all eager:
     ``routed``, or an ``InPlaceTrial`` of it against the Dynamo graph ``traced``
     where the graph qualifies (module docstring; ``whole_check``: graph_tuning's,
     where it times the graph whole on its first call, and owns the unsplit
-    graph). A cached decision is applied at once."""
+    graph; ``mutated``: the positions of the inputs ``traced`` updates in place,
+    where AOTAutograd told them). A cached decision is applied at once."""
     if not _qualifies(plans, config):
         if whole_check is None:
             _free_unsplit(stitched)
@@ -161,13 +164,14 @@ def in_place_trial(
     inductor = config.allows("inductor") and availability(registry.get("inductor")).ok
     trial = InPlaceTrial(
         routed,
-        traced.forward,
+        traced,
         stitched,
         ArtifactCache(config.cache_dir),
         inductor=inductor,
         config=config,
         whole_check=whole_check,
         traced_runs_subgraphs=runs_subgraphs(traced),
+        mutated=mutated,
     )
     if not trial.inductor and whole_check is None:
         _free_unsplit(stitched)
@@ -193,12 +197,14 @@ class InPlaceTrial:
     """Runs a graph's calls on the routed program alone for ``ROUTED_FIRST_CALLS``,
     then on the traced graph and the routed program in turn, timing each call,
     and keeps the faster (``decide``); where that one is slow for its work, its
-    ORT regions on inductor are timed against it in turn as well."""
+    graph compiled by inductor is timed against it in turn as well: the Dynamo
+    graph as plain inductor compiles it (``plain_inductor.py``), where it compiles
+    and matches, else the graph before its split, else its ORT regions."""
 
     def __init__(
         self,
         routed: Callable[..., Any],
-        traced: Callable[..., Any],
+        traced: torch.fx.GraphModule,
         stitched: Sequence[StitchedGraph],
         cache: ArtifactCache,
         clock: Callable[[], float] | None = None,
@@ -206,8 +212,12 @@ class InPlaceTrial:
         config: Config | None = None,
         whole_check: WholeGraphCheck | None = None,
         traced_runs_subgraphs: bool = False,
+        mutated: frozenset[int] | None = None,
     ) -> None:
-        self.sides = {AS_ROUTED: routed, AS_TRACED: traced}
+        self.sides = {AS_ROUTED: routed, AS_TRACED: traced.forward}
+        self.traced = traced
+        #: the inputs the graph updates in place, where known: plain inductor is tried then
+        self.mutated = mutated
         #: the traced graph's time overstates its ops' (``runs_subgraphs``)
         self.traced_runs_subgraphs = traced_runs_subgraphs
         self.config = config or Config()
@@ -233,13 +243,15 @@ class InPlaceTrial:
         self.on_inductor: dict[str, CompiledFn] | CompiledFn | None = None  # once compiled
         #: the graph compiled whole by inductor, where it was (the inductor side then runs it)
         self.whole: CompiledFn | None = None
+        self.inductor_label = ON_INDUCTOR  # what inductor compiled for its side
         self.chosen: Callable[..., Any] | None = None
         self._lock = threading.Lock()
 
     def settled(self) -> Callable[..., Any] | None:
         """The winner, where the decision is cached (a warm start), else None."""
         decision = self.cache.get_json(_KIND, self.key)
-        winners = (*self.sides, ON_INDUCTOR, WHOLE_ON_INDUCTOR) if self.inductor else tuple(self.sides)
+        inductor = (ON_INDUCTOR, WHOLE_ON_INDUCTOR, PLAIN_INDUCTOR)
+        winners = (*self.sides, *inductor) if self.inductor else tuple(self.sides)
         if decision is None or decision.get("winner") not in winners:
             return None
         self._apply(decision, cached=True)
@@ -319,7 +331,7 @@ class InPlaceTrial:
 
     def _finish(self, winner: str, on_inductor: str | None = None) -> None:
         decision: dict[str, Any] = {side: autotune.format_seconds(s) for side, s in self.first_round.items()}
-        label = WHOLE_ON_INDUCTOR if self.whole is not None else ON_INDUCTOR
+        label = self.inductor_label
         if on_inductor is not None:
             decision[label] = on_inductor
         decision["winner"] = label if winner == ON_INDUCTOR else winner
@@ -334,12 +346,25 @@ class InPlaceTrial:
         the graph whole for (or, where that fails, each ORT region, for the region's
         inputs). Where inductor fails a region too (or computes it differently
         from torch) the leader wins, and the reason is kept."""
+        if self.mutated is not None:
+            mutated, self.mutated = self.mutated, None  # tried once
+            out, plain, why_not = checked_plain_call(
+                self.sides[AS_ROUTED], self.traced, args, mutated, self.config
+            )
+            if plain is not None:
+                self.inductor_label, self.on_inductor = PLAIN_INDUCTOR, plain
+                self.sides[ON_INDUCTOR] = plain
+            else:  # the next call tries the graph as split
+                for runner in self.runners:
+                    runner.run.measured[PLAIN_INDUCTOR] = str(why_not)
+            return out
         out, region_args, graph_args = self._routed_recording_inputs(args)
         if graph_args is not None:
             (stitched,) = self.stitched
             whole, why_not = whole_graph_on_inductor(stitched, graph_args, self.config)
             if whole is not None:
                 self.whole = self.on_inductor = whole
+                self.inductor_label = WHOLE_ON_INDUCTOR
                 self.sides[ON_INDUCTOR] = with_forward_swapped(stitched, whole, self.sides[AS_ROUTED])
                 return out
             for runner in self.runners:
@@ -377,10 +402,25 @@ class InPlaceTrial:
         return out, region_args, seen[0] if seen else None
 
     def _apply(self, decision: dict[str, Any], cached: bool) -> None:
-        sides = (AS_ROUTED, AS_TRACED, WHOLE_ON_INDUCTOR, ON_INDUCTOR)
+        sides = (AS_ROUTED, AS_TRACED, PLAIN_INDUCTOR, WHOLE_ON_INDUCTOR, ON_INDUCTOR)
         line = ", ".join(f"{side} {decision[side]}" for side in sides if side in decision)
         line += " (cached)" if cached else ""
         winner = decision["winner"]
+        if winner == PLAIN_INDUCTOR:
+            reason = (
+                f"the graph compiled as plain inductor compiles it, faster in place by measurement: {line}"
+            )
+            for runner in self.runners:
+                runner.run.measured[IN_PLACE] = line
+                runner.run_on("inductor", reason)  # its ops run inside that program
+            _free_unsplit(self.stitched)  # the routed program no longer runs
+            plain = self.on_inductor if not cached and callable(self.on_inductor) else None
+            graph = self.runners[0].plan.graph if self.runners else -1
+            self.chosen = plain or plain_on_first_call(self.traced, self.config, graph)
+            log.info("graph in-place trial: %s won (%s)", winner, line)
+            self.sides = {winner: self.chosen}
+            self.on_inductor = self.whole = None
+            return
         if winner == WHOLE_ON_INDUCTOR:
             for runner in self.runners:
                 runner.run.measured[IN_PLACE] = line

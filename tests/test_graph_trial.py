@@ -13,11 +13,13 @@ import pytest
 import torch
 
 import dispatch.graph_trial as graph_trial
+import dispatch.plain_inductor as plain_inductor
 import dispatch.routes.onnxrt as onnxrt_route
 import dispatch.trial_slot as trial_slot
 from benchmarks.zoo.models import InplaceInput
 from dispatch.graph_trial import IN_PLACE, ON_INDUCTOR, ROUTED_FIRST_CALLS, TIMED_CALLS, WARM_CALLS
 from dispatch.graph_tuning import WHOLE_ON_INDUCTOR
+from dispatch.plain_inductor import PLAIN_INDUCTOR
 from dispatch.record import recorder
 from dispatch.routes.inductor import InductorRoute
 from tests.models import ExpertBetweenOnnx
@@ -36,7 +38,8 @@ def small():
 
 class Costs(list):
     """[each ORT run, each traced call of the trial], in seconds of a fake clock;
-    ``inductor``: each run of a region inductor compiled."""
+    ``inductor``: each run of a program inductor compiled (a region, or the graph
+    as plain inductor compiles it)."""
 
     def __init__(self) -> None:
         super().__init__([0.0, 0.0])
@@ -63,6 +66,18 @@ def ort_costs(monkeypatch):
         return run
 
     monkeypatch.setattr(InductorRoute, "compile", inductor_compile)
+    real_plain = plain_inductor.compile_plain
+
+    def plain_compile(traced, args, config):
+        fn = real_plain(traced, args, config)
+
+        def run(*inputs):
+            costs.now += costs.inductor
+            return fn(*inputs)
+
+        return run
+
+    monkeypatch.setattr(plain_inductor, "compile_plain", plain_compile)
     real_run = onnxrt_route._BoundRunner.__call__
 
     def ort_run(self, *args):
@@ -72,11 +87,13 @@ def ort_costs(monkeypatch):
     real_init = graph_trial.InPlaceTrial.__init__
 
     def init(self, routed, traced, *args, **kwargs):
+        real_init(self, routed, traced, *args, **kwargs)
+
         def charged(*inputs):
             costs.now += costs[1]
             return traced(*inputs)
 
-        real_init(self, routed, charged, *args, **kwargs)
+        self.sides[graph_trial.AS_TRACED] = charged
 
     monkeypatch.setattr(onnxrt_route._BoundRunner, "__call__", ort_run)
     monkeypatch.setattr(graph_trial, "perf_counter", lambda: costs.now)
@@ -322,7 +339,16 @@ def test_a_deleted_model_mid_trial_frees_the_turn(ort_costs, monkeypatch):
 @pytest.mark.parametrize("timed", [{"all eager": 3.0}], indirect=True)
 @torch.no_grad()
 def test_a_graph_timed_whole_is_then_timed_in_place_against_the_graph_as_traced(
-    ort_costs, inductor_tried, timed, route_compiles, monkeypatch, ort_s, disabled, route, line
+    ort_costs,
+    inductor_tried,
+    split_inductor,
+    timed,
+    route_compiles,
+    monkeypatch,
+    ort_s,
+    disabled,
+    route,
+    line,
 ):
     """The whole-graph check's eager side runs the lowered aten regions eagerly,
     which can be far slower than the graph Dynamo traced: RAFT-small's measured
@@ -371,7 +397,7 @@ def test_a_graph_timed_whole_is_then_timed_in_place_against_the_graph_as_traced(
 )
 @torch.no_grad()
 def test_a_graph_whose_check_timed_inductor_compiles_it_again_in_place_only_where_it_led_eager(
-    ort_costs, inductor_tried, timed, route_compiles, route, line
+    ort_costs, inductor_tried, split_inductor, timed, route_compiles, route, line
 ):
     """A decoder with Meta's complex-valued rotary embedding: the check kept ORT
     (30.7 ms) over inductor (35.6) and all eager (39.3); in place the traced graph
@@ -422,7 +448,9 @@ def test_a_graph_the_check_moved_to_inductor_is_held_to_inductors_margin_in_plac
 
 @pytest.mark.parametrize("timed", [{"all eager": 2.2, WHOLE_ON_INDUCTOR: 2.15}], indirect=True)
 @torch.no_grad()
-def test_a_cut_graph_the_check_kept_on_onnx_is_compiled_whole_in_place(ort_costs, inductor_tried, timed):
+def test_a_cut_graph_the_check_kept_on_onnx_is_compiled_whole_in_place(
+    ort_costs, inductor_tried, split_inductor, timed
+):
     """The check kept ORT over the graph compiled whole by inductor, then the traced
     graph led in place: inductor is tried again on the graph kept unsplit for it,
     not region by region (which keeps the cuts: Mixtral 1.07x plain inductor)."""
@@ -462,7 +490,7 @@ def test_a_graph_of_a_few_hundred_microseconds_tries_inductor(ort_costs, monkeyp
     _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
     (region,) = _regions(graphs)
     assert (region.planned_route, region.route) == ("onnxrt", "inductor")
-    assert region.measured[IN_PLACE] == f"as routed 150.0 µs, as traced 300.0 µs, {ON_INDUCTOR} 50.0 µs"
+    assert region.measured[IN_PLACE] == f"as routed 150.0 µs, as traced 300.0 µs, {PLAIN_INDUCTOR} 50.0 µs"
 
 
 class NormOnly(torch.nn.Module):
@@ -488,12 +516,23 @@ def test_a_graph_without_matmuls_tries_inductor_however_far_onnx_leads(ort_costs
     _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
     (region,) = _regions(graphs)
     assert (region.planned_route, region.route) == ("onnxrt", "inductor")
-    assert region.measured[IN_PLACE] == f"as routed 120.0 µs, as traced 300.0 µs, {ON_INDUCTOR} 50.0 µs"
+    assert region.measured[IN_PLACE] == f"as routed 120.0 µs, as traced 300.0 µs, {PLAIN_INDUCTOR} 50.0 µs"
 
 
 @pytest.fixture
 def inductor_tried(monkeypatch):
     monkeypatch.setattr(graph_trial, "INDUCTOR_TRIAL_S", 1e-3)
+
+
+@pytest.fixture
+def split_inductor(monkeypatch):
+    """Inductor's side of the trial compiled from the graph as split (the graph
+    before its split, else its ORT regions), as where the inputs the graph updates
+    are not known (a stored aten graph): the Dynamo graph is not compiled whole."""
+    import dispatch.backend as backend
+
+    real = backend.in_place_trial
+    monkeypatch.setattr(backend, "in_place_trial", lambda *args: real(*args[:6], None))
 
 
 @pytest.mark.parametrize("traced_leads", [False, True])
@@ -513,10 +552,12 @@ def test_a_small_graph_slow_for_its_work_moves_to_inductor_where_it_wins(
     _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH - TRIAL_LENGTH)
     (region,) = _regions(graphs)
     first = "as routed 3.00 ms, as traced 2.00 ms" if traced_leads else "as routed 2.00 ms, as traced 3.00 ms"
-    line = f"{first}, {ON_INDUCTOR} 500.0 µs"
+    line = f"{first}, {PLAIN_INDUCTOR} 500.0 µs"
     assert (region.planned_route, region.route) == ("onnxrt", "inductor")
     assert region.measured[IN_PLACE] == line
-    assert region.rejected["onnxrt"] == f"slower in place than on inductor, by measurement: {line}"
+    assert region.rejected["onnxrt"] == (
+        f"the graph compiled as plain inductor compiles it, faster in place by measurement: {line}"
+    )
     _calls(compiled, model, x, 3)
 
     torch._dynamo.reset()  # a warm start: inductor at once, nothing exported or timed
@@ -555,7 +596,7 @@ def _inductor_tried_or_onnx_kept(model, tried, first, on_inductor):
     (region,) = _regions(graphs)
     if tried:
         assert (region.planned_route, region.route) == ("onnxrt", "inductor")
-        assert region.measured[IN_PLACE] == f"{first}, {ON_INDUCTOR} {on_inductor}"
+        assert region.measured[IN_PLACE] == f"{first}, {PLAIN_INDUCTOR} {on_inductor}"
     else:
         assert region.route == "onnxrt" and region.measured[IN_PLACE] == first
 
@@ -595,7 +636,7 @@ def test_a_graph_calling_subgraphs_tries_inductor_however_far_onnx_leads_the_tra
 
 @torch.no_grad()
 def test_a_small_cut_graph_moves_whole_to_one_inductor_compile(
-    ort_costs, inductor_tried, onnx_exports, monkeypatch
+    ort_costs, inductor_tried, split_inductor, onnx_exports, monkeypatch
 ):
     """A mixture-of-experts decoder at one short sequence: little work, its ORT
     regions cut by the experts' matmuls. Its ORT regions compiled one by one kept
@@ -649,7 +690,7 @@ def test_inductor_must_win_in_place_by_the_margin(ort_costs, inductor_tried, cos
     compiled, graphs = _compiled(model)
     _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
     (region,) = _regions(graphs)
-    assert region.route == kept and ON_INDUCTOR in region.measured[IN_PLACE]
+    assert region.route == kept and PLAIN_INDUCTOR in region.measured[IN_PLACE]
 
 
 @torch.no_grad()
@@ -665,7 +706,7 @@ def test_inductor_is_judged_against_the_leaders_better_round(ort_costs, inductor
     _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH - TRIAL_LENGTH)
     (region,) = _regions(graphs)
     assert region.route == "onnxrt"
-    assert region.measured[IN_PLACE] == f"as routed 2.00 ms, as traced 3.00 ms, {ON_INDUCTOR} 3.00 ms"
+    assert region.measured[IN_PLACE] == f"as routed 2.00 ms, as traced 3.00 ms, {PLAIN_INDUCTOR} 3.00 ms"
 
 
 @pytest.mark.parametrize(
@@ -692,21 +733,61 @@ def test_inductor_is_not_compiled_for_a_graph_fast_or_far_ahead_on_onnx(
 
 
 @torch.no_grad()
-def test_inductor_failing_in_place_leaves_the_leader_with_the_reason(ort_costs, inductor_tried, monkeypatch):
+def test_inductor_failing_in_place_leaves_the_leader_with_the_reasons(ort_costs, inductor_tried, monkeypatch):
+    """The graph as plain inductor compiles it computes something else (its check
+    fails: it is never timed), then its ORT region fails to compile: the leader
+    stays, and both reasons are kept."""
+    real_plain = plain_inductor.compile_plain
+
+    def wrong(traced, args, config):
+        fn = real_plain(traced, args, config)
+        return lambda *inputs: [out + 1 for out in fn(*inputs)]
+
     def broken(self, gm, args):
         raise RuntimeError("inductor cannot lower this (test)")
 
+    monkeypatch.setattr(plain_inductor, "compile_plain", wrong)
     monkeypatch.setattr(InductorRoute, "compile", broken)
     ort_costs[:] = [2e-3, 3e-3]
     model, x = small(), torch.randn(8, 16)
     compiled, graphs = _compiled(model)
-    _calls(compiled, model, x, TRIAL_LENGTH + 3)
+    _calls(compiled, model, x, TRIAL_LENGTH + 4)
     (region,) = _regions(graphs)
     assert region.route == "onnxrt"
+    assert region.measured[PLAIN_INDUCTOR].startswith(
+        "not measured: AssertionError: output 0 differs from eager"
+    )
     assert region.measured[IN_PLACE] == (
         f"as routed 2.00 ms, as traced 3.00 ms, {ON_INDUCTOR} not compiled: "
         f"{region.name}: not measured: RuntimeError: inductor cannot lower this (test)"
     )
+
+
+@torch.no_grad()
+def test_a_graph_that_mutates_its_input_moves_to_plain_inductor_updating_it_once_a_call(
+    ort_costs, inductor_tried
+):
+    """The zoo's inplace_input (its input normalised in place, a buffer counting
+    calls): its graph compiled by inductor after auto's own lowering ran as fast as
+    the graph as traced, plain inductor's program faster. Plain inductor's side is
+    checked on copies of the inputs it updates: the user's are updated once a call,
+    the compiling call's too."""
+    ort_costs[:] = [3e-3, 2e-3]
+    ort_costs.inductor = 1e-3
+    torch.manual_seed(0)
+    model = InplaceInput().eval()
+    reference = copy.deepcopy(model)
+    compiled, graphs = _compiled(model, torch.randn(8, 128))
+    reference(torch.randn(8, 128))  # the call _compiled made
+    x = torch.randn(8, 128)
+    x_eager = x.clone()
+    for _ in range(INDUCTOR_TRIAL_LENGTH + 3):
+        torch.testing.assert_close(compiled(x), reference(x_eager))
+        torch.testing.assert_close(x, x_eager)
+    assert model.calls.item() == reference.calls.item() == INDUCTOR_TRIAL_LENGTH + 4
+    (region,) = _regions(graphs)
+    assert region.route == "inductor"
+    assert region.measured[IN_PLACE] == f"as routed 3.00 ms, as traced 2.00 ms, {PLAIN_INDUCTOR} 1.00 ms"
 
 
 @pytest.mark.parametrize("timed", [{WHOLE_ON_INDUCTOR: 1.0}], indirect=True)
@@ -741,3 +822,30 @@ def test_a_cut_graph_the_check_compiled_whole_keeps_its_copy_for_a_warm_start(
         _calls(compiled, model, x, 3)
     assert route_compiles == ["inductor"], "a warm start did not compile the graph whole, once"
     assert len(timed) == 2, "a warm start timed the whole graph"
+
+
+@torch.no_grad()
+def test_a_warm_start_whose_plain_inductor_compile_fails_runs_as_traced_with_one_warning(
+    ort_costs, inductor_tried, monkeypatch
+):
+    from dispatch.stitch import FallbackWarning
+
+    ort_costs[:] = [3e-3, 2e-3]
+    ort_costs.inductor = 0.5e-3
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
+    assert [r.route for r in _regions(graphs)] == ["inductor"]
+
+    def broken(traced, args, config):
+        raise RuntimeError("inductor cannot lower this (test)")
+
+    monkeypatch.setattr(plain_inductor, "compile_plain", broken)
+    torch._dynamo.reset()
+    with pytest.warns(FallbackWarning, match="inductor cannot lower this") as warned:
+        compiled, graphs = _compiled(model)
+        _calls(compiled, model, x, 3)
+    assert len(warned) == 1
+    assert [r.measured[IN_PLACE] for r in _regions(graphs)] == [
+        f"as routed 3.00 ms, as traced 2.00 ms, {PLAIN_INDUCTOR} 500.0 µs (cached)"
+    ]
