@@ -343,9 +343,11 @@ class InPlaceTrial:
 
     def _compile_on_inductor(self, args: Sequence[Any]) -> Any:
         """This call, run as routed, untimed: its inputs are what inductor compiles
-        the graph whole for (or, where that fails, each ORT region, for the region's
-        inputs). Where inductor fails a region too (or computes it differently
-        from torch) the leader wins, and the reason is kept."""
+        the Dynamo graph for, as plain inductor would (``plain_inductor.py``);
+        where that fails or differs, the next call's are what it compiles the
+        graph before its split for (or, where that fails, each ORT region, for the
+        region's inputs). Where inductor fails a region too (or computes it
+        differently from torch) the leader wins, and the reasons are kept."""
         if self.mutated is not None:
             mutated, self.mutated = self.mutated, None  # tried once
             out, plain, why_not = checked_plain_call(
