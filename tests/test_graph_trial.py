@@ -54,30 +54,21 @@ def ort_costs(monkeypatch):
     whole milliseconds, to keep their lines readable."""
     monkeypatch.setattr(graph_trial, "INDUCTOR_TRIAL_S", 1.0)
     costs = Costs()
-    real_compile = InductorRoute.compile
+    real_compile, real_plain = InductorRoute.compile, plain_inductor.compile_plain
 
-    def inductor_compile(self, gm, example_inputs):
-        fn = real_compile(self, gm, example_inputs)
-
+    def charged(fn):
         def run(*inputs):
             costs.now += costs.inductor
             return fn(*inputs)
 
         return run
 
-    monkeypatch.setattr(InductorRoute, "compile", inductor_compile)
-    real_plain = plain_inductor.compile_plain
-
-    def plain_compile(traced, args, config):
-        fn = real_plain(traced, args, config)
-
-        def run(*inputs):
-            costs.now += costs.inductor
-            return fn(*inputs)
-
-        return run
-
-    monkeypatch.setattr(plain_inductor, "compile_plain", plain_compile)
+    monkeypatch.setattr(
+        InductorRoute, "compile", lambda self, gm, args: charged(real_compile(self, gm, args))
+    )
+    monkeypatch.setattr(
+        plain_inductor, "compile_plain", lambda gm, args, config: charged(real_plain(gm, args, config))
+    )
     real_run = onnxrt_route._BoundRunner.__call__
 
     def ort_run(self, *args):
@@ -219,23 +210,31 @@ def test_a_tie_goes_to_the_traced_graph(ort_costs):
     assert [r.route for r in _regions(graphs)] == ["eager"]
 
 
+def _inplace_input_updated_once_a_call(calls):
+    """The zoo's inplace_input (normalises its input in place, counts calls in a
+    buffer) compiled and called ``calls`` times: its input and buffer as eagerly
+    after each. The graphs it compiled."""
+    torch.manual_seed(0)
+    model = InplaceInput().eval()
+    reference = copy.deepcopy(model)
+    compiled, graphs = _compiled(model, torch.randn(8, 128))
+    reference(torch.randn(8, 128))  # the call _compiled made
+    x = torch.randn(8, 128)
+    x_eager = x.clone()
+    for _ in range(calls):
+        torch.testing.assert_close(compiled(x), reference(x_eager))
+        torch.testing.assert_close(x, x_eager)
+    assert model.calls.item() == reference.calls.item() == calls + 1
+    return graphs
+
+
 @pytest.mark.parametrize("traced_wins", [True, False])
 @torch.no_grad()
 def test_a_graph_that_mutates_its_input_is_timed_on_real_calls_alone(ort_costs, traced_wins):
     """Every call of the trial runs once, on one side: the input and the buffer are
     updated once per call, as eagerly."""
     ort_costs[:] = [2e-3, 1e-3] if traced_wins else [1e-3, 2e-3]
-    torch.manual_seed(0)
-    model = InplaceInput().eval()  # the zoo's: normalises its input in place, counts calls in a buffer
-    reference = copy.deepcopy(model)
-    compiled, graphs = _compiled(model, torch.randn(8, 128))
-    reference(torch.randn(8, 128))  # the call _compiled made
-    x = torch.randn(8, 128)
-    x_eager = x.clone()
-    for _ in range(TRIAL_LENGTH + 3):
-        torch.testing.assert_close(compiled(x), reference(x_eager))
-        torch.testing.assert_close(x, x_eager)
-    assert model.calls.item() == reference.calls.item() == TRIAL_LENGTH + 4
+    graphs = _inplace_input_updated_once_a_call(TRIAL_LENGTH + 3)
     routes = {r.route for r in _regions(graphs)}
     assert routes == {"eager"} if traced_wins else "onnxrt" in routes
     assert all(IN_PLACE in r.measured for r in _regions(graphs))
@@ -774,17 +773,7 @@ def test_a_graph_that_mutates_its_input_moves_to_plain_inductor_updating_it_once
     the compiling call's too."""
     ort_costs[:] = [3e-3, 2e-3]
     ort_costs.inductor = 1e-3
-    torch.manual_seed(0)
-    model = InplaceInput().eval()
-    reference = copy.deepcopy(model)
-    compiled, graphs = _compiled(model, torch.randn(8, 128))
-    reference(torch.randn(8, 128))  # the call _compiled made
-    x = torch.randn(8, 128)
-    x_eager = x.clone()
-    for _ in range(INDUCTOR_TRIAL_LENGTH + 3):
-        torch.testing.assert_close(compiled(x), reference(x_eager))
-        torch.testing.assert_close(x, x_eager)
-    assert model.calls.item() == reference.calls.item() == INDUCTOR_TRIAL_LENGTH + 4
+    graphs = _inplace_input_updated_once_a_call(INDUCTOR_TRIAL_LENGTH + 3)
     (region,) = _regions(graphs)
     assert region.route == "inductor"
     assert region.measured[IN_PLACE] == f"as routed 3.00 ms, as traced 2.00 ms, {PLAIN_INDUCTOR} 1.00 ms"
