@@ -417,8 +417,7 @@ class InPlaceTrial:
                 runner.run_on("inductor", reason)  # its ops run inside that program
             _free_unsplit(self.stitched)  # the routed program no longer runs
             plain = self.on_inductor if not cached and callable(self.on_inductor) else None
-            graph = self.runners[0].plan.graph if self.runners else -1
-            self.chosen = plain or plain_on_first_call(self.traced, self.config, graph)
+            self.chosen = plain or plain_on_first_call(self.traced, self.config, self.runners[0].plan.graph)
             log.info("graph in-place trial: %s won (%s)", winner, line)
             self.sides = {winner: self.chosen}
             self.on_inductor = self.whole = None

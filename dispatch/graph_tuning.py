@@ -47,9 +47,10 @@ against the traced graph (``graph_trial``).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch.fx
@@ -185,9 +186,18 @@ def whole_graph_on_inductor(
     return fn, None
 
 
-def _compiled_whole(whole: torch.fx.GraphModule, args: Sequence[Any], config: Config) -> CompiledFn:
+@contextlib.contextmanager
+def compiling_whole_graph(config: Config) -> Iterator[None]:
+    """Where a graph is compiled whole by inductor during a call: ``config``'s
+    caches (dispatch's and inductor's), no fake or dispatch mode of the caller,
+    and one compile at a time."""
     cache_dir = config.cache_dir
     with using(ArtifactCache(cache_dir)), _disable_current_modes(), COMPILE_LOCK, inductor_cache(cache_dir):
+        yield
+
+
+def _compiled_whole(whole: torch.fx.GraphModule, args: Sequence[Any], config: Config) -> CompiledFn:
+    with compiling_whole_graph(config):
         return registry.get("inductor").compile(whole, args)
 
 

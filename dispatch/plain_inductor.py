@@ -28,11 +28,11 @@ import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .autotune import check_close
-from .cache import ArtifactCache, inductor_cache, using
 from .config import Config
 from .errors import error_line
+from .graph_tuning import compiling_whole_graph
 from .routes import CompiledFn
-from .stitch import COMPILE_LOCK, FallbackWarning
+from .stitch import FallbackWarning
 
 PLAIN_INDUCTOR = "graph as plain inductor compiles it"
 
@@ -41,8 +41,7 @@ def compile_plain(traced: torch.fx.GraphModule, args: Sequence[Any], config: Con
     """``traced`` (a Dynamo graph) compiled by inductor's ``compile_fx`` on ``args``."""
     from torch._inductor.compile_fx import compile_fx
 
-    cache_dir = config.cache_dir
-    with using(ArtifactCache(cache_dir)), _disable_current_modes(), COMPILE_LOCK, inductor_cache(cache_dir):
+    with compiling_whole_graph(config):
         compiled = compile_fx(traced, list(args))
     assert callable(compiled), f"inductor returned {type(compiled).__name__}, not a program"
     return compiled
