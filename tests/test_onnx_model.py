@@ -95,7 +95,7 @@ def test_region_inputs_are_named_apart_from_every_name_the_export_gives_its_node
 def test_the_export_opset_follows_torch_onnx_but_never_drops_below_gelu(monkeypatch, default, expected):
     from torch.onnx import _constants
 
-    from dispatch.routes.onnx_ops import export_opset
+    from dispatch.routes.onnx_registry import export_opset
 
     monkeypatch.setattr(_constants, "ONNX_DEFAULT_OPSET", default)
     assert export_opset() == expected

@@ -21,9 +21,9 @@ from .onnx_fusions import fusible_for_onnx_runtime
 from .onnx_guards import shape_guards
 from .onnx_model import OnnxModel
 from .onnx_nan import flag_nan_inputs, nan_as_in_torch
-from .onnx_ops import export_opset, exporters_quiet, onnx_registry
 from .onnx_outputs import output_values
 from .onnx_rebake import Rebake
+from .onnx_registry import export_opset, exporters_quiet, onnx_registry
 from .onnx_rewrites import rewrite_for_onnx
 
 

@@ -7,14 +7,11 @@ a hand-written list.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
-import logging
 import operator
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,63 +19,7 @@ import torch
 
 from ..cache import ArtifactCache, current_cache, versions
 from ..inspect import is_symbolic, is_view_op, tensor_value
-
-
-@contextlib.contextmanager
-def quiet_loggers(*names: str) -> Iterator[None]:
-    """The loggers ``names`` at ERROR for the block, their own levels restored after."""
-    loggers = [logging.getLogger(n) for n in names]
-    levels = [q.level for q in loggers]
-    for q in loggers:
-        q.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for q, level in zip(loggers, levels):
-            q.setLevel(level)
-
-
-# The exporter and the ONNX optimizer passes it runs log their progress and
-# notes (onnx_ir: "Skipped deduplication of initializer ...") at WARNING; none
-# of it is the user's to act on, and a failed export raises anyway.
-_EXPORT_LOGGERS = ("torch.onnx", "onnxscript", "onnx_ir")
-
-
-@contextlib.contextmanager
-def exporters_quiet() -> Iterator[None]:
-    """The exporter's loggers and warnings silenced for the block."""
-    with quiet_loggers(*_EXPORT_LOGGERS), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
-
-# ONNX's own Gelu op arrived in opset 20.
-_GELU_OPSET = 20
-
-
-def export_opset() -> int:
-    """The ONNX opset regions are exported at: ``torch.onnx.export``'s default (20 in
-    torch 2.13), and never below 20. The registry's own default is torchlib's floor
-    (18), where ``gelu`` becomes an Erf chain that ONNX Runtime does not fuse back:
-    ConvNeXt's 12 GELUs ran as 60 ops and 24 more layout reorders, 1.27x the
-    session time."""
-    from torch.onnx import _constants
-
-    return max(int(getattr(_constants, "ONNX_DEFAULT_OPSET", _GELU_OPSET)), _GELU_OPSET)
-
-
-@functools.cache
-def onnx_registry() -> Any:
-    """The exporter's registry of torchlib translations at ``export_opset()``, built
-    once per process.
-
-    ``torch.onnx.export`` builds a new one on every call (0.8 s warm here); the
-    onnxrt route hands this one to the exporter instead."""
-    from torch.onnx._internal.exporter._registration import ONNXRegistry
-
-    # torchlib warns about every torchvision op it cannot find; that is noise here.
-    with quiet_loggers("torch.onnx._internal.exporter._registration"):
-        return ONNXRegistry.from_torchlib(opset_version=export_opset())
+from .onnx_registry import export_opset, onnx_registry
 
 
 def translatable(target: object) -> bool:

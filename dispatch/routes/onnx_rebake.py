@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .onnx_model import OnnxModel
-from .onnx_ops import export_opset, exporters_quiet, onnx_registry
+from .onnx_registry import export_opset, exporters_quiet, onnx_registry
 
 log = logging.getLogger("dispatch")
 
