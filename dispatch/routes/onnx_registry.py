@@ -117,7 +117,7 @@ def deferred_registry(opset: int) -> Any:
 @functools.cache
 def _deferred_meta_class(base: type) -> type:
     @dataclasses.dataclass
-    class DeferredDecompMeta(base):  # type: ignore[misc, valid-type]
+    class DeferredDecompMeta(base):
         """An ``OnnxDecompMeta`` whose signature is inferred on first use."""
 
         def __post_init__(self) -> None:
@@ -129,7 +129,7 @@ def _deferred_meta_class(base: type) -> type:
             leaves it out of the registry."""
             if self.signature is None:
                 try:
-                    base.__post_init__(self)
+                    base.__post_init__(self)  # type: ignore[attr-defined]
                 except Exception:
                     return False
             return True
@@ -139,7 +139,7 @@ def _deferred_meta_class(base: type) -> type:
 
 @functools.cache
 def _deferred_registry_class(base: type) -> type:
-    class DeferredRegistry(base):  # type: ignore[misc, valid-type]
+    class DeferredRegistry(base):
         """An ``ONNXRegistry`` that infers a function's signature when the exporter
         first asks for the function."""
 
