@@ -3,71 +3,32 @@ timed in place on the user's own calls.
 
 A graph that does little work runs in tens of µs, where ONNX Runtime's call,
 AOTAutograd's wrapper and the wake of a thread pool cost as much as the ops
-save. Timed alone, in a loop of its own, such a graph misleads: on the zoo's
-data_dependent model (three Dynamo graphs around ``nonzero`` and a boolean mask;
-AMD EPYC, AVX-512, 2 cores, 2026-11-26) each graph ran faster on ORT than
-eagerly when timed alone (92 against 115 µs, 26 against 40, 20 against 22),
-while in the model, between torch's indexing ops, the same graphs took 104, 47
-and 44 µs on ORT against 73, 42 and 22 as traced, and the model ran 300 µs a
-call against 220 for a backend that does nothing.
-
-So a CPU inference graph is timed where it runs: once its regions have
-compiled and settled their thread counts, its calls alternate between the
-routed program and the Dynamo graph, each call timed, and the
-routed program stays only where its median call took under ``ROUTED_MARGIN``
-of the traced graph's: what it costs the code after it (the thread pools it
-woke) is not in its call. On data_dependent that code ran 105 µs a call beside
-ORT against 76 without it, about a tenth of the graphs' own time. Timing each
-call to the next one's start instead would count it, but graph by graph that
-settles in the wrong place: beside ORT regions in the other graphs, each graph
-measured the same either way (311 against 317 µs), while all three as traced
-ran the model in 220 µs against 300. Every call is a real call, run once:
+save, and a graph timed alone misleads: on the zoo's data_dependent model each
+graph ran faster on ORT alone, while in the model, between torch's indexing
+ops, the model ran 300 µs a call on ORT against 220 for a backend that does
+nothing. So once its regions have compiled and settled their thread counts, a
+graph's calls alternate between the routed program and the Dynamo graph, each
+call timed, and the routed program stays only where its median call took
+under ``ROUTED_MARGIN`` of the traced graph's (what it costs the code after it,
+the pools it woke, is not in its call). Every call is a real call, run once, so
 graphs that mutate their inputs or draw random numbers are timed as safely as
-any other. Not
-timed: a forced route, eager not allowed, autotune (which times its own
-candidates), a symbolic size (the calls may differ in size). The decision is
-cached: a warm start where the traced graph won compiles nothing for it.
+any other. Not timed: a forced route, eager not allowed, autotune, a symbolic
+size. The decision is cached.
 
-A graph that ``graph_tuning`` timed whole on its first call (its ORT regions do
-``TIMED_GRAPH_FLOPS`` or more) is timed in place too, whatever that check kept
-but all eager: the check's eager side runs the lowered aten regions eagerly,
-not the graph Dynamo traced, and the two can differ by far. On RAFT-small (two
-128² frames; AMD EPYC, AVX2, 2 cores, 2026-11-28) it measured 5117 ms a call,
-against 170 for the module eagerly and 179 in another process, so the check
-kept ORT at 0.06 of that time and the model ran 1.41x slower than eagerly
-(240 against 170 ms). There inductor is compiled in place only where the traced
-graph then led and the check left it out by its bar (``inductor_bar``), or
-timed it ahead of the graph all on eager, the traced graph's stand-in there: a
-decoder with Meta's complex-valued rotary embedding measured 30.7 ms as routed,
-35.6 whole on inductor and 39.3 all eager in the check, then 36.6 as routed
-against 37.1 as traced in place, and ran as traced at 1.05x plain inductor's
-time. The unsplit graph is kept for such a trial. Where the routed program
-still leads in place the check's judgement stands (hf_bert on ORT at 0.81 of
-the traced graph's time, past its bar of 0.8, would compile inductor for
-seconds to lose: 2.88 ms a call against inductor's 3.04 in the AVX2 zoo run).
+A graph that ``graph_tuning`` timed whole on its first call is timed in place
+too: that check's eager side runs the lowered aten regions, not the graph
+Dynamo traced, and the two can differ by far (RAFT-small: 5117 ms against 170).
+Inductor is then compiled in place only where the traced graph led and the
+check left inductor out by its bar, or timed it ahead of all eager.
 
-A graph that does little work and still takes ``INDUCTOR_TRIAL_S`` or more a
-call on the faster side, with ORT not far ahead of the traced graph
-(``INDUCTOR_PAST_ROUTED_SHARE``), its ORT regions many small ops
-(``inductor_bar.many_small_ops``) or without a matmul or a convolution
-(``inductor_bar.without_matmuls``), or its traced graph calling a higher-order
-op (``runs_subgraphs``; there the traced graph's time overstates its ops': a
-checkpointed MLP stack ran as traced in 2.6 ms, eagerly in 1.2, on ORT in 0.77
-and under plain inductor in 0.69, and inductor was never tried), may be bound
-by its count of ops, not its work: a recurrence unrolled into hundreds of small
-ops (transformers' Mamba without its CUDA kernels: 23 MFLOPs, 8.3 ms a call as
-traced and 6.3 on ORT, 4.3 under plain inductor, which fuses them). There the
-trial goes on: the graph is compiled whole by inductor on the next call's
-inputs (seconds, on that call; its ORT regions one by one where the whole
-graph fails, as in ``graph_tuning``) and timed in turn against the faster
-side, and it moves to inductor where that took under
-``INDUCTOR_OVER_TRACED_MARGIN`` of the traced graph's time, or less than the
-routed program's (``INDUCTOR_OVER_ROUTED_MARGIN``). The leader's time there
-is the better of its two rounds: a round on a shared machine is only ever
-slowed by what else runs, and the decision is cached. In one
-process of a sweep timm's LCNet left ORT for inductor and ran 1.83 ms a call,
-against 0.30-0.37 ms on ORT in four others (its trial: ORT at 0.17-0.23 of the
-traced graph's time; not reproduced, so both rounds may have been slowed there).
+A graph that takes ``INDUCTOR_TRIAL_S`` or more a call on the faster side and
+may be bound by its count of ops (ORT not far ahead of the traced graph, many
+small ops or no matmul in its ORT regions, or a traced higher-order op) goes
+on: on a later call the Dynamo graph is compiled as plain inductor compiles it
+(``plain_inductor.py``), else the graph before its split, else its ORT regions
+one by one, and that is timed in turn against the leader, whose better round
+stands. The measurements behind each rule are in ``benchmarks/README.md``
+("The in-place trial").
 
 ORT and torch may round a value differently in its last bit, and Dynamo
 guards the code after an ``.item()`` graph break on the exact value read: a
