@@ -55,9 +55,6 @@ from .graph_tuning import (
     ON_INDUCTOR,
     WHOLE_ON_INDUCTOR,
     WholeGraphCheck,
-    cutting_regions_on_inductor,
-    run_whole_on_inductor,
-    whole_graph_on_inductor,
 )
 from .inductor_bar import CUTTING_ROUTE, many_small_ops, without_matmuls
 from .plain_inductor import PLAIN_INDUCTOR, checked_plain_call, plain_on_first_call
@@ -76,6 +73,7 @@ from .trial_margins import (
     traced_won_note,
 )
 from .trial_slot import TrialSlot
+from .whole_inductor import cutting_regions_on_inductor, run_whole_on_inductor, whole_graph_on_inductor
 
 log = logging.getLogger("dispatch")
 

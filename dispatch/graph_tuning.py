@@ -47,20 +47,16 @@ against the traced graph (``graph_trial``).
 
 from __future__ import annotations
 
-import contextlib
 import threading
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from . import autotune
-from .autotune import check_close
-from .cache import ArtifactCache, inductor_cache, region_key, timing_context, using
+from .cache import ArtifactCache, region_key, timing_context
 from .config import Config
-from .errors import error_line
 from .inductor_bar import CUTTING_ROUTE, InductorBar, inductor_past, onnx_work
 from .inspect import is_computing_op, is_size_arithmetic
 from .planner import availability
@@ -68,12 +64,11 @@ from .region import GraphPlan
 from .routes import CompiledFn, registry
 from .stitch import (
     COMPILE_LOCK,
-    FallbackWarning,
-    RegionRunner,
     StitchedGraph,
     with_region_inputs,
     with_regions_swapped,
 )
+from .whole_inductor import cutting_regions_on_inductor, run_whole_on_inductor, whole_graph_on_inductor
 
 AS_ROUTED = "as routed"
 ALL_EAGER = "all eager"
@@ -143,62 +138,6 @@ def whole_graph_check(stitched: StitchedGraph, plan: GraphPlan, config: Config) 
     if not (config.allows("inductor") and availability(registry.get("inductor")).ok):
         return WholeGraphCheck(stitched, config)
     return WholeGraphCheck(stitched, config, inductor_past=inductor_past(stitched.runners, work))
-
-
-def cutting_regions_on_inductor(
-    runners: Sequence[RegionRunner], region_args: dict[str, Sequence[Any]]
-) -> tuple[dict[str, CompiledFn], RegionRunner | None]:
-    """Each ``CUTTING_ROUTE`` region compiled by inductor on the inputs it ran on
-    (``region_args``) and checked against torch, by name; stops at the first that
-    fails, returned second (its reason is in its ``measured``), else None."""
-    compiled: dict[str, CompiledFn] = {}
-    for runner in runners:
-        if runner.chain[0] != CUTTING_ROUTE:
-            continue
-        inputs = region_args.get(runner.plan.name)
-        fn = None if inputs is None else runner.candidate("inductor", inputs)
-        if fn is None:
-            return compiled, runner
-        compiled[runner.plan.name] = fn
-    return compiled, None
-
-
-def whole_graph_on_inductor(
-    stitched: StitchedGraph, args: Sequence[Any], config: Config
-) -> tuple[CompiledFn | None, str | None]:
-    """The graph as it was before the split, compiled by inductor in one piece and
-    checked against torch on ``args``; else None and why.
-
-    Inductor runs the eager regions' ops inside its own program, as plain
-    inductor does (an op it cannot lower becomes a call to torch's kernel), so
-    the fusions across the cuts are kept and no region boundary is paid: on
-    Mixtral, Qwen2-MoE and OLMoE the ORT regions compiled one by one ran the
-    graph 6-10% slower than plain inductor, the whole graph within 2% of it."""
-    whole = stitched.whole
-    if whole is None:
-        return None, "the graph before its split was not kept"
-    try:
-        fn = _compiled_whole(whole, args, config)
-        with _disable_current_modes():
-            check_close(whole(*args), fn(*args))
-    except Exception as error:  # a failing candidate loses; the regions are tried one by one
-        return None, f"not measured: {error_line(error)}"
-    return fn, None
-
-
-@contextlib.contextmanager
-def compiling_whole_graph(config: Config) -> Iterator[None]:
-    """Where a graph is compiled whole by inductor during a call: ``config``'s
-    caches (dispatch's and inductor's), no fake or dispatch mode of the caller,
-    and one compile at a time."""
-    cache_dir = config.cache_dir
-    with using(ArtifactCache(cache_dir)), _disable_current_modes(), COMPILE_LOCK, inductor_cache(cache_dir):
-        yield
-
-
-def _compiled_whole(whole: torch.fx.GraphModule, args: Sequence[Any], config: Config) -> CompiledFn:
-    with compiling_whole_graph(config):
-        return registry.get("inductor").compile(whole, args)
 
 
 class WholeGraphCheck:
@@ -404,44 +343,3 @@ def _winner(seconds: dict[str, float]) -> str:
         if name in seconds and seconds[name] <= INDUCTOR_TIE * seconds[AS_ROUTED]:
             return name
     return best
-
-
-def run_whole_on_inductor(
-    stitched: StitchedGraph, fn: CompiledFn | None, reason: str, config: Config
-) -> None:
-    """Run ``stitched`` as inductor compiled it whole: ``fn``, or where None (a
-    warm start: inductor's cache serves it), the graph compiled on its next call.
-    Where inductor fails it then, one warning, and the split graph runs, each
-    region compiled by inductor on its own. Every region shows inductor: its ops
-    run inside that program."""
-    for runner in stitched.runners:
-        # Not called while the whole graph runs; a region called alone compiles on inductor.
-        runner.run_on("inductor", reason)
-    if fn is not None:
-        stitched.forward, stitched.whole = fn, None  # compiled: the copy has served
-        return
-    lock = threading.Lock()
-
-    def first(*args: Any) -> Any:
-        with lock:
-            if stitched.forward is first:
-                stitched.forward = _whole_or_split(stitched, args, config)
-        return stitched.forward(*args)
-
-    stitched.forward = first
-
-
-def _whole_or_split(stitched: StitchedGraph, args: Sequence[Any], config: Config) -> CompiledFn:
-    try:
-        assert stitched.whole is not None, "a cached whole-graph decision without the graph"
-        fn = _compiled_whole(stitched.whole, args, config)
-    except Exception as error:
-        warnings.warn(
-            f"dispatch: inductor failed to compile graph {stitched.runners[0].plan.graph} whole: "
-            f"{error_line(error, 300)}; its regions now run on 'inductor' one by one",
-            FallbackWarning,
-            stacklevel=4,
-        )
-        return stitched.split_forward
-    stitched.whole = None  # compiled: the copy has served
-    return fn

@@ -30,9 +30,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .autotune import check_close
 from .config import Config
 from .errors import error_line
-from .graph_tuning import compiling_whole_graph
 from .routes import CompiledFn
 from .stitch import FallbackWarning
+from .whole_inductor import compiling_whole_graph
 
 PLAIN_INDUCTOR = "graph as plain inductor compiles it"
 
