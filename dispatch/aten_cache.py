@@ -126,7 +126,8 @@ def read_back(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, GraphSour
     derived from it (the stitched graph, each region's graph) take their node
     names from how it was built, and those names are in the cache keys of
     measured decisions and ONNX models. So both processes must plan a graph
-    built the same way. Costs a few milliseconds, once."""
+    built the same way. Costs 0.06 s once on hf_bert, 0.26 s on timm's MobileNetV3
+    (1.4 s before its values were made outside Dynamo's fake mode)."""
     source = _source_of(gm)
     if source is None:
         return None
