@@ -316,7 +316,7 @@ def test_a_malformed_constant_does_not_load(name, constant):
 
 def test_values_are_restored_outside_the_callers_fake_mode():
     """The backend reads a graph back inside Dynamo's fake mode; each value made
-    through that mode's dispatch cost 2-3 ms (timm's MobileNetV3: 1.4 s a read)."""
+    through that mode's dispatch cost 2-3 ms (timm's MobileNetV3: about 1 s a read)."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
