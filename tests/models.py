@@ -141,3 +141,22 @@ class SpectralFilter(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         f = torch.fft.rfft(self.a(x), dim=-1)
         return torch.fft.irfft(f * f.abs(), n=32, dim=-1).relu()
+
+
+class ManyExportedOps(torch.nn.Module):
+    """Conv, batch norm, GELU, linear, layer norm, softmax, matmul, top-k, ``where``
+    and SDPA: the ops an ONNX export of a real model translates most."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.linear = torch.nn.Linear(8, 4)
+        self.norm = torch.nn.LayerNorm(4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = torch.nn.functional.gelu(self.bn(self.conv(x))).mean((2, 3))
+        z = torch.softmax(self.norm(self.linear(h)), -1) @ y
+        q = y[None, None]
+        attention = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        return z.topk(2).values, torch.where(z > 0, z, z.exp()), attention

@@ -126,7 +126,7 @@ def test_blocks_compiled_one_by_one_export_once(monkeypatch, onnx_exports, onnx_
     into its program. Where the exporter lacks the steps, or they fail, each
     block exports."""
     if translation is not None:
-        monkeypatch.setattr(onnx_rebake, "_translation", translation)
+        monkeypatch.setattr(onnx_rebake, "translation", translation)
     blocks = torch.nn.Sequential(*[_Block() for _ in range(4)]).eval()
     for i in range(len(blocks)):
         blocks[i] = torch.compile(blocks[i], backend="auto")

@@ -4,7 +4,6 @@ signature only when an export dispatches to it, and exports the same bytes."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytest.importorskip("onnxscript")
 
@@ -17,27 +16,13 @@ from dispatch.routes.onnx_registry import (
     exporters_quiet,
     onnx_registry,
 )
+from tests.models import ManyExportedOps
 
 
 @pytest.fixture(scope="module")
 def full_registry() -> ONNXRegistry:
     with exporters_quiet():
         return ONNXRegistry.from_torchlib(opset_version=export_opset())
-
-
-class _ManyOps(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3)
-        self.bn = torch.nn.BatchNorm2d(8)
-        self.linear = torch.nn.Linear(8, 4)
-        self.norm = torch.nn.LayerNorm(4)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        h = F.gelu(self.bn(self.conv(x))).mean((2, 3))
-        z = torch.softmax(self.norm(self.linear(h)), -1) @ y
-        q = y[None, None]
-        return z.topk(2).values, torch.where(z > 0, z, z.exp()), F.scaled_dot_product_attention(q, q, q)
 
 
 def test_the_route_builds_the_deferred_registry():
@@ -67,7 +52,7 @@ def test_a_signature_is_inferred_when_the_exporter_first_asks():
 
 
 def test_exports_the_same_model_as_the_full_registry(full_registry):
-    model = _ManyOps().eval()
+    model = ManyExportedOps().eval()
     args = (torch.randn(2, 3, 8, 8), torch.randn(4, 4))
     exported = []
     for registry in (full_registry, deferred_registry(export_opset())):

@@ -23,8 +23,9 @@ from .onnx_model import OnnxModel
 from .onnx_nan import flag_nan_inputs, nan_as_in_torch
 from .onnx_outputs import output_values
 from .onnx_rebake import Rebake
-from .onnx_registry import export_opset, exporters_quiet, onnx_registry
+from .onnx_registry import exporters_quiet
 from .onnx_rewrites import rewrite_for_onnx
+from .onnx_translate import to_onnx_program
 
 
 def export_region(
@@ -240,28 +241,8 @@ def _export(module: torch.nn.Module, args: tuple[Any, ...], dynamic_shapes: Any)
     We trace ourselves because the exporter may try strict (Dynamo) export
     first, and that calls ``torch._dynamo.reset()``: every function the user
     compiled would lose its cache and recompile, static again. The aten region
-    needs no Dynamo anyway. The exporter's own implementation takes the
-    registry we build once per process (the public function rebuilds it on
-    every call); should that private signature change, the public one is used."""
+    needs no Dynamo anyway. The exporter's steps after the trace are
+    ``onnx_translate.py``'s: with the registry built once per process, and
+    without decompositions where they would change nothing."""
     program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
-    try:
-        from torch.onnx._internal.exporter import _core as core
-    except ImportError:
-        core = None  # type: ignore[assignment]
-    if core is not None:
-        try:
-            return core.export(
-                program,
-                args,
-                None,
-                registry=onnx_registry(),
-                optimize=True,
-                verbose=False,
-                report=False,
-                opset_version=export_opset(),
-            )
-        except TypeError:
-            pass
-    return torch.onnx.export(
-        program, args, dynamo=True, optimize=True, verbose=False, report=False, opset_version=export_opset()
-    )
+    return to_onnx_program(program, args)

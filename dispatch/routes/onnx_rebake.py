@@ -10,14 +10,15 @@ the start cost about 1.1 s a set for a ViT block on 2 cores (``torch.export``
 0.15): 13 s of a 12-block ViT's 18 s first call, where inductor compiles the
 block once.
 
-The exporter's program after its decompositions does not depend on the values
-of the baked weights (an aten graph has no branch on data), so ``Rebake`` keeps
-it, its weights swapped for meta tensors, and for another set puts that set's
-tensors in their place and runs only translation and the optimizer again: the
-optimizer folds BatchNorm into convolutions and constant expressions of the new
-values exactly as it did for the first set. The exporter has no public entry
-for the steps after decomposition; where its private ones are missing, every
-set is exported from the start, as before.
+The exporter's program after its decompositions (the traced program itself
+where they had nothing to do, ``onnx_translate.py``) does not depend on the
+values of the baked weights (an aten graph has no branch on data), so
+``Rebake`` keeps it, its weights swapped for meta tensors, and for another set
+puts that set's tensors in their place and runs only translation and the
+optimizer again: the optimizer folds BatchNorm into convolutions and
+constant expressions of the new values exactly as it did for the first set.
+The exporter has no public entry for the steps after decomposition; where its
+private ones are missing, every set is exported from the start, as before.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from typing import Any
 import torch
 
 from .onnx_model import OnnxModel
-from .onnx_registry import export_opset, exporters_quiet, onnx_registry
+from .onnx_registry import exporters_quiet
+from .onnx_translate import translation
 
 log = logging.getLogger("dispatch")
 
@@ -60,7 +62,7 @@ class Rebake:
         """The ``Rebake`` of an ``ONNXProgram``, or None where the exporter keeps no
         program or has not the steps this needs."""
         program = getattr(onnx_program, "exported_program", None)
-        if program is None or _translation() is None:
+        if program is None or translation() is None:
             return None
         if not all(name in program.state_dict for name in buffers.values()):
             return None  # a weight the exporter did not keep as a buffer
@@ -70,7 +72,7 @@ class Rebake:
         """The ONNX model with the weights in ``args`` baked in, or None where they
         are not the shapes and dtypes of the first set's, or where translating
         failed (the caller exports them from the start)."""
-        translate = _translation()
+        translate = translation()
         assert translate is not None, "Rebake.of checked the exporter's steps"
         tensors = {name: args[i].detach() for i, name in self.buffers.items()}
         for name, tensor in tensors.items():
@@ -84,7 +86,7 @@ class Rebake:
             state.update(tensors)
             try:
                 with exporters_quiet(), torch.no_grad():
-                    return self.finish(translate(self.program))
+                    return self.finish(translate(self.program).model)
             except Exception as error:  # the exporter's private steps; an export is the way that holds
                 log.info(
                     "onnxrt: baking another set of weights into an earlier export failed (%s); exporting",
@@ -93,25 +95,3 @@ class Rebake:
                 return None
             finally:
                 state.update(self.stripped)
-
-
-def _translation() -> Callable[[Any], Any] | None:
-    """The exporter's steps after decomposition, as ``torch.onnx.export`` runs
-    them for ``_export``'s call (translation, opset conversion, optimizer), or
-    None where torch's private names moved."""
-    try:
-        from torch.onnx._internal.exporter import _core as core
-    except ImportError:
-        return None
-    to_onnx = getattr(core, "_exported_program_to_onnx_program", None)
-    apis = getattr(core, "onnxscript_apis", None)
-    if to_onnx is None or apis is None:
-        return None
-
-    def translate(program: Any) -> Any:
-        onnx_program = to_onnx(program, registry=onnx_registry())
-        onnx_program.model = apis.convert_version(onnx_program.model, export_opset())
-        onnx_program.optimize()
-        return onnx_program.model
-
-    return translate
