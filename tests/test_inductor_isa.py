@@ -101,3 +101,39 @@ def test_a_failed_load_check_is_not_recorded_and_runs_again(tmp_path):
     assert served["CHILDREN"] == "0"
     assert served["ISAS"] == again["ISAS"]
     assert len(ast.literal_eval(again["ISAS"])) > len(ast.literal_eval(failed["ISAS"]))
+
+
+CONCURRENT = """
+import threading, time
+from dispatch.cache import ArtifactCache
+from dispatch.inductor_isa import probe_vector_isas
+from torch._inductor import cpu_vec_isa
+# Every ISA allowed, and a build that takes 0.3 s: no compiler runs.
+cpu_vec_isa.x86_isa_checker = lambda: ["avx2", "avx512", "avx512_vnni", "amx_tile"]
+torch.cpu._init_amx = lambda: True
+lock, running, most = threading.Lock(), [0], [0]
+def build(isa, code):
+    with lock:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+    time.sleep(0.3)
+    with lock:
+        running[0] -= 1
+    return True
+cpu_vec_isa.VecISA.check_build = build
+probe_vector_isas(ArtifactCache(sys.argv[1]), [torch.ones(1)])
+print("MOST", most[0])
+"""
+
+
+def test_the_isas_are_checked_at_once(tmp_path):
+    # Inductor checks them one after another: on an empty cache, 10 builds of
+    # 1.5 s where the CPU has AMX and AVX-512.
+    out = _run(CONCURRENT, _env(tmp_path), str(tmp_path / "dispatch"))
+    assert int(out["MOST"]) >= 2
+    assert ast.literal_eval(out["ISAS"]) == [
+        "avx512 avx512_vnni amx_tile",
+        "avx512 avx512_vnni",
+        "avx512",
+        "avx2",
+    ]
