@@ -70,7 +70,7 @@ auto.__name__ = "auto"
 def plan(model: Any, example_inputs: Any, *, device: str | None = None, **options: Any) -> Plan:
     """The routing decision for one FX graph (or module) without compiling or running it;
     ``device="mps"`` plans for a device this machine need not have."""
-    from .backend import plan as plan_fn
+    from .dry_run import plan as plan_fn
 
     return plan_fn(model, example_inputs, device=device, **options)
 

@@ -14,7 +14,6 @@ runs as Dynamo traced it.
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,10 +30,11 @@ from .aten_cache import GraphSource, aten_graph_key, load_aten_graph, read_back,
 from .cache import ArtifactCache, current_cache, inductor_cache, using
 from .config import Config
 from .decompositions import onnx_friendly
-from .errors import ConfigError, DispatchError, error_line
+from .errors import ConfigError, DispatchError
 from .graph_trial import in_place_trial
 from .graph_tuning import WholeGraphCheck, whole_graph_check
-from .inductor_baseline import compile_as_inductor, inductor_lead
+from .inductor_baseline import compile_as_inductor
+from .inductor_lead import inductor_lead
 from .inspect import (
     GRAPH_BACKWARD,
     GRAPH_FORWARD,
@@ -46,7 +46,7 @@ from .inspect import (
 )
 from .planner import availability, plan_graph
 from .record import GraphRecord, recorder
-from .region import Plan, Region, region_table
+from .region import Region, region_table
 from .routes import registry
 from .stitch import COMPILE_LOCK, StitchedGraph, stitch, unsplit_copy
 from .update_step import mutated_inputs
@@ -98,69 +98,6 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Co
 
 
 auto.__name__ = "auto"
-
-
-def plan(
-    model: torch.nn.Module, example_inputs: Sequence[Any], *, device: str | None = None, **options: Any
-) -> Plan:
-    """The routing decision for one FX graph, without compiling or running anything.
-
-    ``model`` is a graph from Dynamo or ``torch.fx.symbolic_trace``, or a module,
-    which is traced with ``symbolic_trace``. ``example_inputs`` may be real or
-    fake tensors on any device. ``device="mps"`` (or ``"cuda"``) plans for that
-    device on a machine without it: a copy of the model with fake weights and
-    fake inputs there (``dispatch/dry_run.py``); the model itself is untouched.
-    Gradients are planned for when grad mode is on and a parameter or input
-    requires grad.
-    """
-    from .dry_run import check_devices, on_device
-
-    config = Config.resolve(options)
-    if device is not None:
-        model, example_inputs = on_device(model, example_inputs, device)
-    check_devices(model, example_inputs)
-    gm = model if isinstance(model, torch.fx.GraphModule) else _traced(model, example_inputs)
-    compiler = _GraphCompiler(config, 0, plan_only=True)
-    with using(ArtifactCache(config.cache_dir)):
-        compiler.aot(_returning_tuple(gm), example_inputs)
-    return Plan(compiler.plans)
-
-
-def _traced(model: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
-    """``model`` as one FX graph: ``symbolic_trace``, or where that cannot follow its
-    code (transformers' models assign into their keyword arguments, branch on
-    sizes), ``torch.export`` of it on ``example_inputs``."""
-    try:
-        return torch.fx.symbolic_trace(model)
-    except Exception as traced:
-        try:
-            gm = torch.export.export(model, tuple(example_inputs), strict=False).module()
-        except Exception as exported:
-            devices = sorted({str(t.device) for t in example_inputs if isinstance(t, torch.Tensor)})
-            raise DispatchError(
-                f"dispatch.plan cannot make one graph of {type(model).__name__} on {', '.join(devices)}: "
-                f"torch.fx.symbolic_trace failed ({error_line(traced)}) and so did torch.export "
-                f"({error_line(exported)}). Instead: run dispatch.explain(model, *inputs) where that device is: "
-                "it compiles and runs the model and reports the plan of each graph "
-                "Dynamo makes of it, graph breaks included"
-            ) from exported
-    # Flat inputs and a flat tuple of outputs, as a Dynamo graph has: the exported
-    # module's code would rebuild the model's output objects (a ModelOutput).
-    gm.graph._codegen = torch.fx.graph.CodeGen()
-    gm.recompile()
-    return gm
-
-
-def _returning_tuple(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """AOTAutograd wants tuple outputs; ``symbolic_trace`` may return a bare tensor."""
-    (output,) = gm.graph.find_nodes(op="output")
-    if isinstance(output.args[0], (tuple, list)):
-        return gm
-    gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
-    (output,) = gm.graph.find_nodes(op="output")
-    output.args = ((output.args[0],),)
-    gm.recompile()
-    return gm
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """Graphs whose baseline is inductor compile as plain inductor compiles them.
 
 Where inductor leads the route order of a graph's device (CPU training, CUDA
-inference and training, inductor forced by the user), the Dynamo graph goes
-through inductor's own ``compile_fx``: one AOTAutograd pass with inductor's
-decompositions and graph passes, parameters as static inputs and, for CUDA
-inference, inductor's CUDA graph trees, as ``mode="reduce-overhead"`` captures.
+inference and training, inductor forced by the user: ``inductor_lead.py``),
+the Dynamo graph goes through inductor's own ``compile_fx``: one AOTAutograd
+pass with inductor's decompositions and graph passes, parameters as static
+inputs and, for CUDA inference, inductor's CUDA graph trees, as
+``mode="reduce-overhead"`` captures.
 Each aten graph is planned inside ``compile_fx``'s inner compile. A graph that
 inductor takes whole goes to ``compile_fx_inner`` unchanged; only a graph with
 a departure the plan records (an op inductor cannot lower, a data-dependent op
@@ -28,7 +29,7 @@ import copy
 import logging
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,14 +41,13 @@ from .capture_check import CaptureCheck, CaptureRecord
 from .config import Config
 from .errors import DispatchError, error_line
 from .inductor_isa import probe_vector_isas
+from .inductor_lead import CUDAGRAPHS, INDUCTOR, InductorLead
 from .inspect import (
     GRAPH_BACKWARD,
     GRAPH_FORWARD,
     GRAPH_INFERENCE,
     compute_nodes,
     graph_facts,
-    holds_bfloat16,
-    needs_gradients,
 )
 from .kernel_trial import (
     FAMILIES,
@@ -61,74 +61,20 @@ from .kernel_trial import (
     stored_kernels,
     stored_measured,
     trial_key,
-    trials_kernels,
 )
 from .partition import describe_region
-from .planner import availability, check_forced_route, choose_routes, route_order
+from .planner import check_forced_route, choose_routes, route_order
 from .record import GraphRecord, recorder
 from .region import GraphPlan, Region
 from .routes import registry
 from .routes.cudagraphs import PoolOutputs
 from .served_plans import ServedPlans, fingerprint_pass, graph_key, publish, settings_fingerprint
 from .stitch import COMPILE_LOCK, FallbackWarning
-from .update_step import is_update_step
 
 if TYPE_CHECKING:
     from .backend import _GraphCompiler
 
 log = logging.getLogger("dispatch")
-
-INDUCTOR = "inductor"
-CUDAGRAPHS = "cudagraphs"
-
-
-@dataclass(frozen=True)
-class InductorLead:
-    """A Dynamo graph whose baseline is inductor, and whether inductor's CUDA graph
-    trees capture it (CUDA inference, with cudagraphs in the device's order)."""
-
-    capture: bool
-    #: under autotune: try the kernels/ inside inductor's graph (``kernel_trial.py``)
-    trial: bool = False
-    #: CPU inference and training: inductor's whole graph (a training step: its
-    #: forward and backward) is timed against the graph as traced
-    #: (``capture_check.py``), as a captured one is on CUDA
-    cpu_check: bool = False
-    #: gradients are needed: a forward and a backward graph
-    training: bool = False
-
-
-def inductor_lead(
-    config: Config, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
-) -> InductorLead | None:
-    """The lead where Dynamo's graph ``gm`` has inductor as its baseline: its tensors are
-    on one device type whose route order starts with inductor, and nothing asks for
-    the region-by-region path (verify checks regions; autotune measures regions,
-    except where the kernels/ are tried inside inductor's whole graph instead,
-    ``kernel_trial.py``). None otherwise."""
-    if config.verify:
-        return None
-    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
-    if len(devices) != 1:
-        return None
-    (device,) = devices
-    if config.autotune and not trials_kernels(config, device):
-        return None
-    inference = not needs_gradients(example_inputs)
-    try:
-        kind = GRAPH_INFERENCE if inference else GRAPH_FORWARD
-        order, _ = route_order(device, kind, config, holds_bfloat16(gm), is_update_step(gm))
-    except DispatchError:
-        return None  # the ordinary path raises it, when the graph is called
-    leading = [name for name in order if not registry.get(name).wraps]
-    if leading[:1] != [INDUCTOR] or not availability(registry.get(INDUCTOR)).ok:
-        return None
-    return InductorLead(
-        capture=inference and device == "cuda" and CUDAGRAPHS in order,
-        trial=inference and config.autotune,
-        cpu_check=device == "cpu" and not config.autotune,
-        training=not inference,
-    )
 
 
 def compile_as_inductor(

@@ -14,7 +14,7 @@ import torch
 import dispatch
 import dispatch.capture_check as capture_check
 from dispatch.capture_check import AS_TRACED, CAPTURED, INDUCTOR, can_time
-from dispatch.inductor_baseline import InductorLead
+from dispatch.inductor_lead import InductorLead
 
 # CPU inference leads with onnxrt; the route order CUDA inference has.
 OPTIONS = {"routes": ["inductor", "cudagraphs", "eager"]}

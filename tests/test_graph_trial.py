@@ -14,7 +14,7 @@ import torch
 
 import dispatch.graph_trial as graph_trial
 import dispatch.plain_inductor as plain_inductor
-import dispatch.routes.onnxrt as onnxrt_route
+import dispatch.routes.onnx_session as onnx_session
 import dispatch.trial_slot as trial_slot
 from benchmarks.zoo.models import InplaceInput
 from dispatch.graph_trial import IN_PLACE, ON_INDUCTOR, ROUTED_FIRST_CALLS, TIMED_CALLS, WARM_CALLS
@@ -69,7 +69,7 @@ def ort_costs(monkeypatch):
     monkeypatch.setattr(
         plain_inductor, "compile_plain", lambda gm, args, config: charged(real_plain(gm, args, config))
     )
-    real_run = onnxrt_route._BoundRunner.__call__
+    real_run = onnx_session.BoundRunner.__call__
 
     def ort_run(self, *args):
         costs.now += costs[0]
@@ -86,7 +86,7 @@ def ort_costs(monkeypatch):
 
         self.sides[graph_trial.AS_TRACED] = charged
 
-    monkeypatch.setattr(onnxrt_route._BoundRunner, "__call__", ort_run)
+    monkeypatch.setattr(onnx_session.BoundRunner, "__call__", ort_run)
     monkeypatch.setattr(graph_trial, "perf_counter", lambda: costs.now)
     monkeypatch.setattr(graph_trial.InPlaceTrial, "__init__", init)
     return costs  # the trial slot is the test's own (conftest's ``own_trial_slot``)

@@ -128,7 +128,7 @@ def test_a_large_region_beside_other_routes_is_tried_in_place(after, routes, pla
 def _sessions_threads(plan: str) -> int | set[int]:
     """The intra-op thread count of the session(s) a region planned ``plan`` runs on."""
     from dispatch.routes.onnx_export import export_region
-    from dispatch.routes.onnxrt import threaded_session
+    from dispatch.routes.onnx_session import threaded_session
 
     x = torch.randn(64, 256)
     model = export_region(make_fx(lambda x: torch.relu(x @ x.T))(x), [x])

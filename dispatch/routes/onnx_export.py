@@ -116,7 +116,7 @@ def _outputs_in_traced_dtypes(model: Any, gm: torch.fx.GraphModule) -> None:
         return  # the session's output count check names this mismatch
     for k, (value, expected) in enumerate(zip(list(outputs), traced)):
         if not isinstance(expected, torch.Tensor) or expected.dtype == torch.bool:
-            continue  # booleans: ORT's bool arrives as uint8 and is viewed back (onnxrt.py)
+            continue  # booleans: ORT's bool arrives as uint8 and is viewed back (onnx_session.py)
         want = from_torch_dtype(expected.dtype)
         if value.dtype is None or value.dtype == want:
             continue
