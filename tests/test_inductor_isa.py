@@ -108,9 +108,11 @@ import threading, time
 from dispatch.cache import ArtifactCache
 from dispatch.inductor_isa import probe_vector_isas
 from torch._inductor import cpu_vec_isa
-# Every ISA allowed, and a build that takes 0.3 s: no compiler runs.
+# Every ISA allowed whatever this CPU has, and a build that takes 0.3 s: no
+# compiler runs.
 cpu_vec_isa.x86_isa_checker = lambda: ["avx2", "avx512", "avx512_vnni", "amx_tile"]
-torch.cpu._init_amx = lambda: True
+torch.cpu._is_vnni_supported = torch.cpu._init_amx = lambda: True
+torch.cpu._is_avx512_bf16_supported = torch.cpu._is_amx_fp16_supported = lambda: False
 lock, running, most = threading.Lock(), [0], [0]
 def build(isa, code):
     with lock:

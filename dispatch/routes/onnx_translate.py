@@ -6,13 +6,14 @@ its ONNX-friendly table (torch's decompositions, less the ops torchlib
 translates) traces the whole program again through AOTAutograd's dispatch. A
 region is an aten graph AOTAutograd has lowered already, and in most regions no
 op is one that table rewrites: the trace then returns the program it was
-given, at a cost of 0.3 to 1.5 s a region (80% of an export on this project's
-regions; hf_mixtral's five regions: 4.6 s of 8.6). Such a program goes straight
-to translation. One holding an op the table rewrites (the ``_safe_softmax`` of
-an attention), a mutating op or a higher-order op is decomposed as the
-exporter decomposes it, and so is one whose translation fails without.
-The models are the exporter's own either way, node for node
-(``tests/test_onnx_translate.py``).
+given, at a cost of 0.3 to 1.5 s a region: half an export or more
+(hf_mixtral's five regions: 4.6 s of 8.6; timm_mobilenetv3's export took
+4.07 s with them and 1.82 s without). Such a program goes straight to
+translation. One holding an op the table rewrites (the ``_safe_softmax`` of an
+attention in training mode), a mutating op or a higher-order op is decomposed
+as the exporter decomposes it, and so is one whose translation fails without.
+The models are the exporter's own, node for node, but for the names the trace
+gives some values (``tests/test_onnx_translate.py``).
 """
 
 from __future__ import annotations
