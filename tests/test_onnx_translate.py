@@ -118,3 +118,26 @@ def test_a_translation_that_fails_without_decompositions_decomposes(decompositio
     assert len(decompositions_run) == 1
     for got, want in zip(_run(proto, args), region(*args)):
         np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_prepared_program_whose_translation_fails_is_decomposed(decompositions_run, monkeypatch):
+    # The type promotion and assertion removal have already changed the program
+    # in place when the translation fails; the exporter's own path takes it so.
+    def translation_that_fails():
+        def translate(program):
+            raise RuntimeError("a private step moved")
+
+        return translate
+
+    monkeypatch.setattr(onnx_translate, "translation", translation_that_fails)
+    prepared = []
+    real_prepared = onnx_translate._prepared
+    monkeypatch.setattr(onnx_translate, "_prepared", lambda p: prepared.append(p) or real_prepared(p))
+    args = (torch.randn(2, 3, 8, 8), torch.randn(4, 4))
+    region = _aten_region(ManyExportedOps(), args)
+    decompositions_run.clear()
+    with exporters_quiet():
+        proto = to_onnx_program(torch.export.export(region, args, strict=False), args).model_proto
+    assert len(prepared) == 1 and len(decompositions_run) == 1
+    for got, want in zip(_run(proto, args), region(*args)):
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-4, atol=1e-5)
