@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .call_periods import timing_loop
 from .errors import error_line
 from .routes import CompiledFn
 
@@ -124,6 +125,17 @@ def median_call_s(
     timing waits for the device (a call returns once its kernels are queued).
     Fewer ``batches`` and ``rewarm_calls`` suit calls long enough that a few of
     them measure well (a training step of 100 ms)."""
+    with timing_loop():
+        return _median_call_s(candidates, args, batch_s, batches, rewarm_calls)
+
+
+def _median_call_s(
+    candidates: dict[str, CompiledFn],
+    args: Sequence[Any],
+    batch_s: float,
+    batches: int,
+    rewarm_calls: int,
+) -> dict[str, float]:
     sync = synchronizer(args)
     calls = {}
     for route, fn in candidates.items():

@@ -7,10 +7,11 @@ save, and a graph timed alone misleads: on the zoo's data_dependent model each
 graph ran faster on ORT alone, while in the model, between torch's indexing
 ops, the model ran 300 µs a call on ORT against 220 for a backend that does
 nothing. So once its regions have compiled and settled their thread counts, a
-graph's calls alternate between the routed program and the Dynamo graph, each
-call timed, and the routed program stays only where its median call took
-under ``ROUTED_MARGIN`` of the traced graph's (what it costs the code after it,
-the pools it woke, is not in its call). Every call is a real call, run once, so
+graph's calls alternate between the routed program and the Dynamo graph, and
+the routed program stays only where its median period, from a call's start to
+the next call's start (``call_periods.py``: what the call costs the code after
+it, the pools it woke, counts), took under ``ROUTED_MARGIN`` of the traced
+graph's. Every call is a real call, run once, so
 graphs that mutate their inputs or draw random numbers are timed as safely as
 any other. Not timed: a forced route, eager not allowed, autotune, a symbolic
 size. The decision is cached.
@@ -38,7 +39,6 @@ trial there can make Dynamo compile that code once more, for the other value.
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 from collections.abc import Callable, Sequence
 from time import perf_counter
@@ -47,8 +47,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import autotune
+from . import autotune, trial_slot
 from .cache import ArtifactCache, region_key, timing_context
+from .call_periods import BLOCK_CALLS, CallPeriods, in_timing_loop
 from .config import Config
 from .graph_tuning import (
     AS_ROUTED,
@@ -61,18 +62,18 @@ from .plain_inductor import PLAIN_INDUCTOR, checked_plain_call, plain_on_first_c
 from .planner import availability
 from .region import GraphPlan
 from .routes import CompiledFn, registry
-from .routes.onnx_threads import TRIAL_CALLS as THREAD_TRIAL_CALLS
-from .routes.onnx_threads import WARM_CALLS as THREAD_WARM_CALLS
+from .routes.onnx_threads import TRIAL_BLOCKS as THREAD_TRIAL_BLOCKS
+from .routes.onnx_threads import WARM_BLOCKS as THREAD_WARM_BLOCKS
 from .stitch import StitchedGraph, with_forward_swapped, with_region_inputs, with_regions_swapped
 from .trial_margins import (
     INDUCTOR_OVER_ROUTED_MARGIN,
     INDUCTOR_OVER_TRACED_MARGIN,
     INDUCTOR_PAST_ROUTED_SHARE,
+    INDUCTOR_TRIAL_S,
     ROUTED_MARGIN,
     runs_subgraphs,
     traced_won_note,
 )
-from .trial_slot import TrialSlot
 from .whole_inductor import cutting_regions_on_inductor, run_whole_on_inductor, whole_graph_on_inductor
 
 log = logging.getLogger("dispatch")
@@ -80,23 +81,12 @@ log = logging.getLogger("dispatch")
 AS_TRACED = "as traced"
 IN_PLACE = "in place"  # the key of this measurement in each region's ``measured``
 # The routed program runs alone for its first calls: the first compiles its
-# regions, and ORT regions of middling work then try their thread counts
-# (onnx_threads.ThreadCountTrial) over this many calls.
-ROUTED_FIRST_CALLS = 1 + 2 * (THREAD_WARM_CALLS + THREAD_TRIAL_CALLS)
-WARM_CALLS = 2  # untimed calls of each side once the sides alternate
-TIMED_CALLS = 16  # timed calls of each side
-# The faster side's median call at or past which inductor is tried too. Below it
-# the graph runs in tens of µs, where Dynamo's own call and the stitching are
-# much of the time, and an inductor compile of seconds takes days of calls to
-# repay. At 1 ms Longformer's embedding graph (31 ops; 147 µs on ORT, 297 as
-# traced) never tried inductor, and the model ran 1.18x plain inductor's time
-# in turn (1025 against 870 µs); at 100 µs it moved to inductor, 1.05x (880
-# against 838). The zoo's code patterns and small CNNs (graph_break,
-# layer_graph_break, data_dependent, python_loop, dict_list_outputs, hf_vit,
-# hf_mobilenet_v2, timm_mobilenetv3, timm_regnetx_002) kept their routes and
-# times at either value (one process each, in turn; 2026-11-27). The compile
-# happens on a later call (after ``ROUTED_FIRST_CALLS``), never the first.
-INDUCTOR_TRIAL_S = 1e-4
+# regions, and ORT regions then try their thread counts
+# (onnx_threads.ThreadCountTrial) over this many calls, the last period ending
+# as the next call starts.
+ROUTED_FIRST_CALLS = 2 + 2 * BLOCK_CALLS * (THREAD_WARM_BLOCKS + THREAD_TRIAL_BLOCKS)
+WARM_BLOCKS = 1  # untimed blocks of calls of each side once the sides alternate
+TIMED_BLOCKS = 4  # timed blocks of each side (call_periods.BLOCK_CALLS calls each)
 _KIND = "in-place-trial"
 TRACED_WON = "traced won"  # a decision's note: why the routed program lost to the traced graph
 
@@ -195,8 +185,8 @@ class InPlaceTrial:
         )
         self.clock = clock or perf_counter
         self.calls = 0
-        self.times: dict[str, list[float]] = {AS_ROUTED: [], AS_TRACED: []}
-        self.timing = [AS_TRACED, AS_ROUTED]  # the sides timed in turn, first on a tie
+        self.timing = [AS_TRACED, AS_ROUTED]  # the sides timed in turn
+        self.periods = CallPeriods(self.timing, self.clock)
         self.first_round: dict[str, float] = {}  # the medians of routed against traced
         self.leader: str | None = None  # the faster of those two, once timed
         self.on_inductor: dict[str, CompiledFn] | CompiledFn | None = None  # once compiled
@@ -224,18 +214,29 @@ class InPlaceTrial:
             if self.chosen is not None:
                 return self.chosen(*args)
             self.calls += 1
-            if self.calls <= ROUTED_FIRST_CALLS or not TRIAL_SLOT.take(self):
+            if self.calls <= ROUTED_FIRST_CALLS or in_timing_loop():
+                self.periods.interrupt()
                 return self.sides[AS_ROUTED](*args)
+            if not trial_slot.TRIAL_SLOT.take(self):
+                # Waiting for its turn, the graph runs as a backend that does nothing
+                # would run it: the graph whose turn it is measures its routes beside
+                # that, not beside undecided ORT calls whose cost to the code around
+                # them it would pay on both of its sides (``trial_slot.py``).
+                self.periods.interrupt()
+                return self.sides[AS_TRACED](*args)
             if ON_INDUCTOR in self.timing and self.on_inductor is None:
+                self.periods.interrupt()
                 return self._compile_on_inductor(args)
-            side = min(self.timing, key=lambda name: len(self.times[name]))
-            start = self.clock()
-            out = self.sides[side](*args)
-            self.times[side].append(self.clock() - start)
-            if min(len(self.times[name]) for name in self.timing) >= WARM_CALLS + TIMED_CALLS:
+            start = self.periods.start()
+            if self.periods.counted() >= WARM_BLOCKS + TIMED_BLOCKS:
                 self.decide()
                 if self.chosen is not None:
-                    TRIAL_SLOT.release(self)
+                    trial_slot.TRIAL_SLOT.release(self)
+                    return self.chosen(*args)
+                # inductor's round starts with the call that compiles it
+                return self._compile_on_inductor(args)
+            out = self.sides[self.periods.side](*args)
+            self.periods.end(start)
             return out
 
     def decide(self) -> None:
@@ -247,14 +248,14 @@ class InPlaceTrial:
             # Every region fell back on its first call: nothing left to compare.
             self.chosen = self.sides[AS_ROUTED]
             return
-        seconds = {side: statistics.median_high(self.times[side][WARM_CALLS:]) for side in self.timing}
+        seconds, _ = self.periods.seconds(skip=WARM_BLOCKS)
         if self.leader is None:
             self.first_round = seconds
             routed_won = seconds[AS_ROUTED] < self._routed_margin() * seconds[AS_TRACED]
             self.leader = AS_ROUTED if routed_won else AS_TRACED
-            if self._tries_inductor(seconds):
+            if self._tries_inductor(self.periods.calls(skip=WARM_BLOCKS)):
                 self.timing = [ON_INDUCTOR, self.leader]
-                self.times = {ON_INDUCTOR: [], self.leader: []}
+                self.periods.reset(self.timing)
                 return
             self._finish(self.leader)
             return
@@ -274,7 +275,8 @@ class InPlaceTrial:
         return ROUTED_MARGIN if wakes_pools else INDUCTOR_OVER_TRACED_MARGIN
 
     def _tries_inductor(self, seconds: dict[str, float]) -> bool:
-        """Whether inductor is compiled and timed against the leader of the first round."""
+        """Whether inductor is compiled and timed against the leader of the first round,
+        by each side's median call (``seconds``): the graph's own work, not the code after it."""
         assert self.leader is not None
         if not self.inductor or seconds[self.leader] < INDUCTOR_TRIAL_S:
             return False
@@ -336,7 +338,7 @@ class InPlaceTrial:
             reason = failed.run.measured.get("inductor", "the region did not run")
             assert self.leader is not None
             self._finish(self.leader, f"not compiled: {failed.plan.name}: {reason}")
-            TRIAL_SLOT.release(self)
+            trial_slot.TRIAL_SLOT.release(self)
             return out
         self.on_inductor = compiled
         self.sides[ON_INDUCTOR] = with_regions_swapped(self.runners, compiled, self.sides[AS_ROUTED])
@@ -410,6 +412,3 @@ class InPlaceTrial:
         self.chosen = self.sides[AS_ROUTED if winner == ON_INDUCTOR else winner]
         self.sides = {winner: self.chosen}  # the loser's memory goes with it
         self.on_inductor = self.whole = None
-
-
-TRIAL_SLOT = TrialSlot()

@@ -7,6 +7,18 @@ import torch
 import torch.fx
 
 ROUTED_MARGIN = 0.9  # the routed program must take under this share of the traced graph's time
+# The faster side's median call at or past which inductor is tried too. Below it
+# the graph runs in tens of µs, where Dynamo's own call and the stitching are
+# much of the time, and an inductor compile of seconds takes days of calls to
+# repay. At 1 ms Longformer's embedding graph (31 ops; 147 µs on ORT, 297 as
+# traced) never tried inductor, and the model ran 1.18x plain inductor's time
+# in turn (1025 against 870 µs); at 100 µs it moved to inductor, 1.05x (880
+# against 838). The zoo's code patterns and small CNNs (graph_break,
+# layer_graph_break, data_dependent, python_loop, dict_list_outputs, hf_vit,
+# hf_mobilenet_v2, timm_mobilenetv3, timm_regnetx_002) kept their routes and
+# times at either value (one process each, in turn; 2026-11-27). The compile
+# happens on a later call (after ``graph_trial.ROUTED_FIRST_CALLS``), never the first.
+INDUCTOR_TRIAL_S = 1e-4
 # Inductor is not tried where the routed program took under this share of the
 # traced graph's time (graph_trial.InPlaceTrial._tries_inductor): ONNX Runtime's
 # kernels already fuse what inductor would. The wider set's
@@ -15,10 +27,12 @@ ROUTED_MARGIN = 0.9  # the routed program must take under this share of the trac
 # measured 0.74-0.97.
 INDUCTOR_PAST_ROUTED_SHARE = 0.5  # unless its ORT regions are many small ops (graph_tuning)
 # Inductor, once compiled, replaces a routed leader where it is faster at all: its
-# kernels run on torch's threads, while ORT's cost to the code after its call (the
-# pool it woke) is not in the routed side's time. With ROUTED_MARGIN there, Mixtral
-# at 1x16 tokens kept ORT (whole graph on inductor 638 µs in the trial) and ran in
-# 761 µs against plain inductor's 672.
+# kernels run on torch's threads, where ORT's wake their own pool. Set when the
+# sides were judged by their calls alone (ORT's cost to the code after its call
+# not in the routed side's time; periods now hold what falls before the graph's
+# next call): with ROUTED_MARGIN there, Mixtral at 1x16 tokens kept ORT (whole
+# graph on inductor 638 µs in the trial) and ran in 761 µs against plain
+# inductor's 672.
 INDUCTOR_OVER_ROUTED_MARGIN = 1.0
 # Against the traced graph, inductor must run the graph 5% faster, the tolerance
 # auto is held to against every other column: within it the traced graph serves,

@@ -18,7 +18,9 @@ class TrialSlot:
     data_dependent, the middle graph measured 48 µs routed against 52 as
     traced, and then ran in 61-72 µs routed beside its traced neighbours,
     where as traced it ran in 48-55. So the graphs take turns, each timed beside
-    the decisions made before it (the others run routed, untimed, meanwhile).
+    the decisions made before it, and the graphs still waiting run as traced,
+    untimed: the state a graph leaves only where that measured faster, so that
+    what is kept never makes the model slower than a backend that does nothing.
     A trial whose graph has not been called for ``STALE_S`` loses its turn (a
     graph run once at start-up must not hold the others back), and one whose
     model is gone loses it at once: the turn is held by a weak reference, which
@@ -45,3 +47,7 @@ class TrialSlot:
         with self._lock:
             if self._owner is not None and self._owner() is trial:
                 self._owner = None
+
+
+#: The process's one slot; looked up at each use (``trial_slot.TRIAL_SLOT``), so a test can give itself its own.
+TRIAL_SLOT = TrialSlot()

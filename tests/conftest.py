@@ -121,12 +121,12 @@ def compiles(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def own_trial_slot(monkeypatch):
-    """Each test's graphs take turns at the in-place trial among themselves: a
-    graph of an earlier test still holding the turn would start this test's
-    trials a second late, in the middle of what it measures."""
-    import dispatch.graph_trial as graph_trial
+    """Each test's trials take turns among themselves: a graph of an earlier
+    test still holding the turn would start this test's trials a second late,
+    in the middle of what it measures."""
+    import dispatch.trial_slot as trial_slot
 
-    monkeypatch.setattr(graph_trial, "TRIAL_SLOT", graph_trial.TrialSlot())
+    monkeypatch.setattr(trial_slot, "TRIAL_SLOT", trial_slot.TrialSlot())
 
 
 @pytest.fixture

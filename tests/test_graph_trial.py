@@ -17,17 +17,20 @@ import dispatch.plain_inductor as plain_inductor
 import dispatch.routes.onnx_session as onnx_session
 import dispatch.trial_slot as trial_slot
 from benchmarks.zoo.models import InplaceInput
-from dispatch.graph_trial import IN_PLACE, ON_INDUCTOR, ROUTED_FIRST_CALLS, TIMED_CALLS, WARM_CALLS
+from dispatch.call_periods import BLOCK_CALLS
+from dispatch.graph_trial import IN_PLACE, ON_INDUCTOR, ROUTED_FIRST_CALLS, TIMED_BLOCKS, WARM_BLOCKS
 from dispatch.graph_tuning import WHOLE_ON_INDUCTOR
 from dispatch.plain_inductor import PLAIN_INDUCTOR
 from dispatch.record import recorder
 from dispatch.routes.inductor import InductorRoute
 from tests.models import ExpertBetweenOnnx
 
-#: calls until the trial has decided
-TRIAL_LENGTH = ROUTED_FIRST_CALLS + 2 * (WARM_CALLS + TIMED_CALLS)
-#: and where inductor is tried: one untimed call that compiles it, then both in turn again
-INDUCTOR_TRIAL_LENGTH = TRIAL_LENGTH + 1 + 2 * (WARM_CALLS + TIMED_CALLS)
+#: calls of one round of the trial: each side's blocks
+TIMED_LENGTH = 2 * BLOCK_CALLS * (WARM_BLOCKS + TIMED_BLOCKS)
+#: calls until the trial has decided: the last timed call's period ends as the next call starts
+TRIAL_LENGTH = ROUTED_FIRST_CALLS + TIMED_LENGTH + 1
+#: and where inductor is tried: that call compiles it, untimed, then both in turn again
+INDUCTOR_TRIAL_LENGTH = TRIAL_LENGTH + TIMED_LENGTH + 1
 DEFAULT_INDUCTOR_TRIAL_S = graph_trial.INDUCTOR_TRIAL_S  # before any test patches it
 
 
@@ -281,8 +284,31 @@ def test_the_graphs_of_a_model_take_turns(ort_costs):
     _calls(compiled, model, x, TRIAL_LENGTH + 3)
     decided = [IN_PLACE in r.measured for r in _regions(graphs)]
     assert sorted(decided) == [False, True]  # the first graph's turn only
-    _calls(compiled, model, x, 2 * (WARM_CALLS + TIMED_CALLS))
+    _calls(compiled, model, x, TIMED_LENGTH)
     assert [r.route for r in _regions(graphs)] == ["eager", "eager"]
+
+
+@torch.no_grad()
+def test_a_graph_waiting_for_its_turn_runs_as_traced(ort_costs, monkeypatch):
+    """The graph whose turn it is is timed beside what a backend that does nothing
+    runs, not beside undecided ORT calls: on data_dependent each graph, timed
+    beside the others' ORT regions, kept ORT, and the model ran 1.25x the floor."""
+    ran = []
+    timed_run = onnx_session.BoundRunner.__call__  # the fixture's, on the fake clock
+
+    def counted(self, *args):
+        ran.append(self)
+        return timed_run(self, *args)
+
+    monkeypatch.setattr(onnx_session.BoundRunner, "__call__", counted)
+    model, x = TwoGraphs().eval(), torch.randn(8, 16)
+    compiled, _ = _compiled(model)  # the first call
+    _calls(compiled, model, x, ROUTED_FIRST_CALLS - 1)
+    assert len(set(ran)) == 2  # until now both graphs ran their ORT region on every call
+    ran.clear()
+    _calls(compiled, model, x, TIMED_LENGTH)  # the first graph's turn
+    assert len(set(ran)) == 1, "the waiting graph ran its ORT region"
+    assert len(ran) == TIMED_LENGTH // 2  # the routed side's blocks
 
 
 class _Trial:
@@ -292,7 +318,7 @@ class _Trial:
 def test_a_graph_no_longer_called_loses_its_turn(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(trial_slot, "monotonic", lambda: now[0])
-    slot, first, second = graph_trial.TrialSlot(), _Trial(), _Trial()
+    slot, first, second = trial_slot.TrialSlot(), _Trial(), _Trial()
     assert slot.take(first) and not slot.take(second)
     now[0] += slot.STALE_S / 2
     assert slot.take(first) and not slot.take(second)  # still called: keeps its turn
@@ -306,7 +332,7 @@ def test_a_graph_no_longer_called_loses_its_turn(monkeypatch):
 def test_a_deleted_model_mid_trial_frees_the_turn(ort_costs, monkeypatch):
     """A model deleted while its graph held the turn does not keep the next
     model's graphs from their trials (``test_leaks`` checks what it frees)."""
-    monkeypatch.setattr(graph_trial.TrialSlot, "STALE_S", 1e9)  # only the deletion may free it
+    monkeypatch.setattr(trial_slot.TrialSlot, "STALE_S", 1e9)  # only the deletion may free it
     ort_costs[:] = [2e-3, 1e-3]
     first, x = small(), torch.randn(8, 16)
     compiled, _ = _compiled(first)
@@ -728,6 +754,23 @@ def test_inductor_is_not_compiled_for_a_graph_fast_or_far_ahead_on_onnx(
     _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
     (region,) = _regions(graphs)
     assert region.route == "onnxrt" and region.measured[IN_PLACE] == line
+    assert compiles == []
+
+
+@torch.no_grad()
+def test_whether_inductor_is_tried_is_judged_by_the_graphs_own_calls(ort_costs, inductor_tried, monkeypatch):
+    """The code after a graph's calls is in its periods, not in its work: a graph
+    whose calls are fast compiles no inductor, however long the model's step."""
+    compiles = []
+    monkeypatch.setattr(InductorRoute, "compile", lambda self, gm, args: compiles.append(gm))
+    ort_costs[:] = [0.5e-3, 0.9e-3]
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    for _ in range(INDUCTOR_TRIAL_LENGTH):
+        torch.testing.assert_close(compiled(x), model(x))
+        ort_costs.now += 2e-3  # the rest of the model's step
+    (region,) = _regions(graphs)
+    assert region.route == "onnxrt" and region.measured[IN_PLACE] == "as routed 2.50 ms, as traced 2.90 ms"
     assert compiles == []
 
 

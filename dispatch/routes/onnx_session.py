@@ -17,7 +17,7 @@ import torch
 
 from .base import CompiledFn
 from .onnx_model import OnnxModel
-from .onnx_threads import ONE, TRIAL, ThreadCountTrial, pool_threads
+from .onnx_threads import ONE, POOL_TRIAL, TRIAL, ThreadCountTrial, pool_threads
 
 
 def threaded_session(
@@ -33,8 +33,11 @@ def threaded_session(
     torch runs on one thread, so does every session: the pool is that size."""
     if pool_threads() == 1:
         threads = ONE
-    if threads == TRIAL and device.type == "cpu":
-        return ThreadCountTrial(lambda one: bound_session(model, device, one, positions, bools, output_count))
+    if threads in (TRIAL, POOL_TRIAL) and device.type == "cpu":
+        return ThreadCountTrial(
+            lambda one: bound_session(model, device, one, positions, bools, output_count),
+            pool_first=threads == POOL_TRIAL,
+        )
     return bound_session(model, device, threads == ONE, positions, bools, output_count)
 
 

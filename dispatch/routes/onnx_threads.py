@@ -1,28 +1,36 @@
-"""How many threads an ONNX Runtime region runs on: one, ORT's pool, or whichever ran faster
-on the region's first real calls.
+"""How many threads an ONNX Runtime region runs on: one, or whichever of one and
+ORT's pool ran the user's program faster on the region's first real calls.
 
 Small regions run on one thread: waking the pool costs more than it
 parallelises (crossover 8-9 MFLOP on two AVX-512 cores, set below it since
 slower cores cross over earlier; ``benchmarks/README.md``). Larger regions run
 on the pool: alone it ran them 1.3x to 1.5x faster than one thread.
 
-In between, the answer depends on what runs around the region, which no work
-estimate sees. Torch's OpenMP workers spin after each parallel op (an index, a
-linear) for longer than a small call, on the same cores as ORT's workers; on
-the data-dependent zoo model (a 8.4 MFLOP region between torch ops) the pool
-made one process in two run at 1.9x the time of the next, 118 against 226 µs,
-while one thread ran every process at 117-119 µs. So a region in that band
-runs its first calls on the pool and on one thread in turn, in the program as
-the user runs it, and keeps the pool only where it ran at least 10% faster
-there: it takes a core from the code around the region, and on a near tie the
-one-thread session is the one that stays fast when the other pools wake. The
-band stops at 25 MFLOP: early runs are noisy, and on a 67 MFLOP region
-(hf_bert) one process measured the pool at 693 µs against one thread's 734
-and then ran 1.55x slower on one thread than the pool runs it. That holds for
-a region alone in its graph. A large region between other routes' regions is
-tried too: in a mixture-of-experts decoder (91-op ORT regions between eager
-expert matmuls) the pool ran a region in 207 µs alone and in 394 µs in place,
-where one thread took 393.
+The answer depends on what runs around the region, which no work estimate
+sees. Torch's OpenMP workers spin after each parallel op (an index, a linear)
+for longer than a small call, on the same cores as ORT's workers; on the
+data-dependent zoo model (a 8.4 MFLOP region between torch ops) the pool made
+one process in two run at 1.9x the time of the next, 118 against 226 µs, while
+one thread ran every process at 117-119 µs. And the pool may cost the code
+after it: on the graph_break zoo model (two 34 MFLOP regions, each alone in
+its Dynamo graph, with eager code and Python between them) one session
+measured the model at 951-1062 µs a call with both on the pool and 652-842 µs
+on one thread (three processes each; Xeon, 2 cores), and another, on the same
+kind of machine, found the two within the spread of its processes. No rule
+on size holds both; a measurement in the user's program can.
+
+So every region of 6 MFLOP or more runs its first calls on one thread and on
+the pool in turn, in blocks of calls, in the program as the user runs it,
+each side judged by its period to the next block (``call_periods.py``), and
+the side it started on keeps a near tie: the other must run in 90% of its
+time. A region under 25 MFLOP starts on one thread, which stays fast when the
+other pools wake; a larger one starts on the pool, which alone ran such
+regions 1.3x to 1.5x faster (on hf_bert's 67 MFLOP region one early trial
+measured the pool at 693 µs against one thread's 734, and one thread then ran
+1.55x slower than the pool, on an AVX2 EPYC), unless other routes' regions
+share its graph: in a mixture-of-experts decoder (91-op ORT regions between
+eager expert matmuls) the pool ran a region in 207 µs alone and in 394 µs in
+place, where one thread took 393.
 
 The pool has as many threads as torch's own (``torch.set_num_threads``), not
 ORT's default of one per physical core: a process told to use one thread (one
@@ -34,7 +42,6 @@ pools. At one thread there is no pool to try.
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,22 +50,24 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..call_periods import CallPeriods, in_timing_loop
 from ..inspect import META_BESIDE_OTHER_ROUTES
 from ..work import estimated_flops
 from .base import CompiledFn
 
 log = logging.getLogger("dispatch")
 
-ONE, POOL, TRIAL = "one", "pool", "trial"
+# One thread; the pool; a trial with one thread first; a trial with the pool first.
+ONE, POOL, TRIAL, POOL_TRIAL = "one", "pool", "trial", "pool trial"
 
 SMALL_REGION_FLOPS = 6_000_000
 LARGE_REGION_FLOPS = 25_000_000
 # Where a size is symbolic (no flop estimate): one thread below this many
 # elements in the largest input, else a trial.
 SMALL_REGION_NUMEL = 4096
-TRIAL_CALLS = 16  # timed runs per side, after WARM_CALLS untimed runs each
-WARM_CALLS = 4
-POOL_MARGIN = 0.9  # the pool is kept where it ran in 90% of one thread's time or less
+TRIAL_BLOCKS = 4  # timed blocks of calls per side (call_periods.BLOCK_CALLS each)
+WARM_BLOCKS = 1  # before them, untimed: a session's first runs pay for its allocations
+POOL_MARGIN = 0.9  # the side that did not run first wins with 90% of the other's time or less
 
 
 def pool_threads() -> int:
@@ -67,17 +76,17 @@ def pool_threads() -> int:
 
 
 def thread_plan(gm: torch.fx.GraphModule, args: Sequence[Any]) -> str:
-    """ONE, POOL or TRIAL for a region, by its estimated flops, or where a size is
-    symbolic by its largest input. A large region whose graph runs other routes'
-    regions too is tried as well: torch's workers, spinning after its ops, take
-    the cores the pool would run on."""
+    """ONE, TRIAL or POOL_TRIAL for a region, by its estimated flops, or where a
+    size is symbolic by its largest input. A large region starts on the pool,
+    unless its graph runs other routes' regions too: torch's workers, spinning
+    after their ops, take the cores the pool would run on."""
     flops = estimated_flops(gm)
     if flops is None:
         return ONE if _largest_numel(args) < SMALL_REGION_NUMEL else TRIAL
     if flops < SMALL_REGION_FLOPS:
         return ONE
     if flops >= LARGE_REGION_FLOPS and not gm.meta.get(META_BESIDE_OTHER_ROUTES):
-        return POOL
+        return POOL_TRIAL
     return TRIAL
 
 
@@ -89,22 +98,27 @@ def _largest_numel(args: Sequence[Any]) -> int:
 
 class ThreadCountTrial:
     """A region's runner that runs its first calls on ORT's pool and on one thread in
-    turn (``build(one_thread)`` makes each session), times each run, then keeps the
-    faster session and drops the other.
+    turn (``build(one_thread)`` makes each session), times each run where the user
+    makes it, then keeps the faster session and drops the other.
 
-    The runs are timed where they happen, between whatever the program runs
-    around them, so the other thread pools of the process are in the measurement.
-    One thread wins a near tie: the pool must pay for the core it takes."""
+    Each side is judged by its period, from a call's start to the next call's
+    start (``call_periods.py``): what the pool costs the code after it counts
+    against it. Calls inside a timing loop (the whole-graph check's) run the
+    incumbent untimed. The regions of a model try theirs on the same calls:
+    each side's calls come in a shuffled order, so another region's choice
+    falls on both sides alike. The incumbent (``pool_first``: the pool, else one thread)
+    keeps a near tie: the other side must run in ``POOL_MARGIN`` of its time."""
 
     def __init__(
         self,
         build: Callable[[bool], CompiledFn],
         clock: Callable[[], float] = time.perf_counter,
+        pool_first: bool = False,
     ) -> None:
         self.build = build
-        self.clock = clock
-        self.sessions: dict[bool, CompiledFn] = {False: build(False)}
-        self.times: dict[bool, list[float]] = {False: [], True: []}
+        self.incumbent = not pool_first  # one_thread of the session that runs untimed calls
+        self.sessions: dict[bool, CompiledFn] = {self.incumbent: build(self.incumbent)}
+        self.periods = CallPeriods([POOL, ONE], clock)
         self.chosen: CompiledFn | None = None
         self._lock = threading.Lock()
 
@@ -115,25 +129,33 @@ class ThreadCountTrial:
         with self._lock:  # the trial's few calls run one at a time
             if self.chosen is not None:
                 return self.chosen(*args)
-            one_thread = len(self.times[True]) < len(self.times[False])
+            if in_timing_loop():
+                self.periods.interrupt()
+                return self.sessions[self.incumbent](*args)
+            start = self.periods.start()
+            if self.periods.counted() >= WARM_BLOCKS + TRIAL_BLOCKS:
+                self._settle()
+                assert self.chosen is not None
+                return self.chosen(*args)
+            one_thread = self.periods.side == ONE
             session = self.sessions.get(one_thread)
             if session is None:
                 session = self.sessions[one_thread] = self.build(one_thread)
-            start = self.clock()
             out = session(*args)
-            self.times[one_thread].append(self.clock() - start)
-            if min(len(t) for t in self.times.values()) >= WARM_CALLS + TRIAL_CALLS:
-                self._settle()
+            self.periods.end(start)
             return out
 
     def _settle(self) -> None:
-        pool, one = (statistics.median_high(self.times[side][WARM_CALLS:]) for side in (False, True))
-        one_thread = pool > POOL_MARGIN * one
+        seconds, measure = self.periods.seconds(skip=WARM_BLOCKS)
+        pool, one = seconds[POOL], seconds[ONE]
+        # The side the trial started on keeps a near tie.
+        one_thread = pool > POOL_MARGIN * one if self.incumbent else one < POOL_MARGIN * pool
         self.chosen = self.sessions[one_thread]
         self.sessions = {}  # the other session's memory goes with it
         log.info(
-            "onnxrt region: %s (runs measured in place: pool %.1f µs, one thread %.1f µs)",
+            "onnxrt region: %s (measured in place, %s: pool %.1f µs, one thread %.1f µs)",
             "one ORT thread" if one_thread else "ORT's thread pool",
+            measure,
             pool * 1e6,
             one * 1e6,
         )
