@@ -7,11 +7,11 @@ save, and a graph timed alone misleads: on the zoo's data_dependent model each
 graph ran faster on ORT alone, while in the model, between torch's indexing
 ops, the model ran 300 µs a call on ORT against 220 for a backend that does
 nothing. So once its regions have compiled and settled their thread counts, a
-graph's calls alternate between the routed program and the Dynamo graph, and
-the routed program stays only where its median period, from a call's start to
-the next call's start (``call_periods.py``: what the call costs the code after
-it, the pools it woke, counts), took under ``ROUTED_MARGIN`` of the traced
-graph's. Every call is a real call, run once, so
+graph's calls alternate between the routed program and the Dynamo graph in
+blocks, and the routed program stays only where its median period, from a
+block's start to the next block's start, per call (``call_periods.py``: what
+the calls cost the code after them, the pools they woke, counts), took under
+``ROUTED_MARGIN`` of the traced graph's. Every call is a real call, run once, so
 graphs that mutate their inputs or draw random numbers are timed as safely as
 any other. Not timed: a forced route, eager not allowed, autotune, a symbolic
 size. The decision is cached.
@@ -144,11 +144,13 @@ def _qualifies(plans: Sequence[GraphPlan], config: Config) -> bool:
 
 class InPlaceTrial:
     """Runs a graph's calls on the routed program alone for ``ROUTED_FIRST_CALLS``,
-    then on the traced graph and the routed program in turn, timing each call,
-    and keeps the faster (``decide``); where that one is slow for its work, its
-    graph compiled by inductor is timed against it in turn as well: the Dynamo
-    graph as plain inductor compiles it (``plain_inductor.py``), where it compiles
-    and matches, else the graph before its split, else its ORT regions."""
+    then on the traced graph and the routed program in turn, in blocks of calls
+    timed by their periods (``call_periods.py``; as traced while another graph's
+    trial holds the turn), and keeps the faster (``decide``); where that one is
+    slow for its work, its graph compiled by inductor is timed against it in
+    turn as well: the Dynamo graph as plain inductor compiles it
+    (``plain_inductor.py``), where it compiles and matches, else the graph
+    before its split, else its ORT regions."""
 
     def __init__(
         self,

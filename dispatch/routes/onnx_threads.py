@@ -101,13 +101,14 @@ class ThreadCountTrial:
     turn (``build(one_thread)`` makes each session), times each run where the user
     makes it, then keeps the faster session and drops the other.
 
-    Each side is judged by its period, from a call's start to the next call's
-    start (``call_periods.py``): what the pool costs the code after it counts
-    against it. Calls inside a timing loop (the whole-graph check's) run the
-    incumbent untimed. The regions of a model try theirs on the same calls:
-    each side's calls come in a shuffled order, so another region's choice
-    falls on both sides alike. The incumbent (``pool_first``: the pool, else one thread)
-    keeps a near tie: the other side must run in ``POOL_MARGIN`` of its time."""
+    The sides run in blocks of calls, and each is judged by its period, from a
+    block's start to the next block's start, per call (``call_periods.py``):
+    what the pool costs the code after it counts against it. Calls inside a
+    timing loop (the whole-graph check's) run the incumbent untimed. The
+    regions of a model try theirs on the same calls: each side's blocks come in
+    a shuffled order, so another region's choice falls on both sides alike.
+    The incumbent (``pool_first``: the pool, else one thread) keeps a near tie:
+    the other side must run in ``POOL_MARGIN`` of its time."""
 
     def __init__(
         self,
