@@ -23,6 +23,7 @@ block it falls in: that block is not counted.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import random
 import statistics
 import threading
@@ -39,6 +40,7 @@ PERIOD_SPAN = 10.0
 # whole steps for k of 1, 2 and 4.
 BLOCK_CALLS = 4
 _loop = threading.local()
+_SEEDS = itertools.count()
 
 
 @contextlib.contextmanager
@@ -63,9 +65,11 @@ class CallPeriods:
     ``BLOCK_CALLS`` calls at a time: a block runs one side, and its period runs
     from its first call's start to the next block's first call's start."""
 
-    def __init__(self, sides: Sequence[str], clock: Callable[[], float], seed: int = 0) -> None:
+    def __init__(self, sides: Sequence[str], clock: Callable[[], float], seed: int | None = None) -> None:
         self.clock = clock
-        self._random = random.Random(seed)
+        # Trials that run on the same calls (the regions of one model) each take
+        # their own order, so one trial's sides fall on both of the other's.
+        self._random = random.Random(next(_SEEDS) if seed is None else seed)
         self.reset(sides)
 
     def reset(self, sides: Sequence[str]) -> None:

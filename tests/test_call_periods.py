@@ -83,3 +83,16 @@ def test_every_round_of_blocks_runs_each_side_once(seed):
     sides = [_call(periods, clock, {"a": 1.0, "b": 1.0, "c": 1.0}) for _ in range(6 * BLOCK_CALLS)]
     rounds = [set(sides[k : k + 3 * BLOCK_CALLS]) for k in range(0, len(sides), 3 * BLOCK_CALLS)]
     assert rounds == [{"a", "b", "c"}] * 2
+
+
+def test_trials_on_the_same_calls_take_their_sides_in_different_orders():
+    """Two regions of one model try their thread counts on the same calls: in one
+    shared order, each would measure both regions' pools at once, not its own."""
+    orders = []
+    for _ in range(2):
+        clock = _Clock()
+        periods = CallPeriods(["pool", "one"], clock)
+        sides = [_call(periods, clock, {"pool": 1.0, "one": 1.0}) for _ in range(32 * BLOCK_CALLS)]
+        orders.append(sides[::BLOCK_CALLS])
+    assert orders[0] != orders[1]
+    assert sorted(orders[0]) == sorted(orders[1])  # each side as often
