@@ -121,7 +121,7 @@ def _traced_missing(node: torch.fx.Node, inputs: Sequence[_FakeInput]) -> list[s
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    registered, table = _decomposition_table()
+    registered, table = decomposition_table()
     target = node.target
     assert isinstance(target, torch._ops.OpOverload)
     position = {arg: _Input(i) for i, arg in enumerate(node.all_input_nodes)}
@@ -181,7 +181,7 @@ class _Input:
 
 
 @functools.cache
-def _decomposition_table() -> tuple[frozenset[Any], dict[Any, Any]]:
+def decomposition_table() -> tuple[frozenset[Any], dict[Any, Any]]:
     """The ops torchlib registers, and the table ``torch.onnx.export`` decomposes
     the others with (torch's own tables, less what torchlib registers)."""
     from torch.onnx._internal.exporter import _decomp

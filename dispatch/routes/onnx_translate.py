@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from .onnx_ops import decomposition_table
 from .onnx_registry import export_opset, onnx_registry
 
 log = logging.getLogger("dispatch")
@@ -93,17 +94,13 @@ def decomposed_ops(program: torch.export.ExportedProgram) -> list[str]:
 
 @functools.cache
 def _decomposition_table() -> dict[Any, Any] | None:
-    """The exporter's table for the registry regions are exported with, or None
-    where its private names moved."""
+    """The exporter's table for the registry regions are exported with
+    (``onnx_ops.decomposition_table``, built once per process), or None where
+    its private names moved."""
     try:
-        from torch.onnx._internal.exporter import _decomp
-    except ImportError:
+        return decomposition_table()[1]
+    except (ImportError, AttributeError):
         return None
-    make = getattr(_decomp, "create_onnx_friendly_decomposition_table", None)
-    implemented = getattr(_decomp, "get_onnx_implemented_overloads", None)
-    if make is None or implemented is None:
-        return None
-    return make(set(implemented(onnx_registry())))
 
 
 def _prepared(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
