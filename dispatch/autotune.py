@@ -108,6 +108,7 @@ def measure(
     return tuning
 
 
+@timing_loop()  # trials timing the user's own calls leave these out
 def median_call_s(
     candidates: dict[str, CompiledFn],
     args: Sequence[Any],
@@ -125,17 +126,6 @@ def median_call_s(
     timing waits for the device (a call returns once its kernels are queued).
     Fewer ``batches`` and ``rewarm_calls`` suit calls long enough that a few of
     them measure well (a training step of 100 ms)."""
-    with timing_loop():
-        return _median_call_s(candidates, args, batch_s, batches, rewarm_calls)
-
-
-def _median_call_s(
-    candidates: dict[str, CompiledFn],
-    args: Sequence[Any],
-    batch_s: float,
-    batches: int,
-    rewarm_calls: int,
-) -> dict[str, float]:
     sync = synchronizer(args)
     calls = {}
     for route, fn in candidates.items():

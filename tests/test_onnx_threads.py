@@ -107,17 +107,37 @@ def test_a_session_is_judged_by_its_period_to_the_next_call(after, kept):
     assert sessions.ran[-1] == kept
 
 
-def test_a_region_run_twice_a_step_is_judged_alike_on_both_sides():
+@pytest.mark.parametrize(
+    "one_s, kept",
+    [
+        (100e-6, "pool"),  # equal sessions: the pool it started on stays
+        (50e-6, "one"),  # one thread faster: its periods show it, the rest of the step on both sides
+    ],
+)
+def test_a_region_run_twice_a_step_is_judged_alike_on_both_sides(one_s, kept):
     """A loop body behind a graph break runs twice a step, the rest of the step
     after its second run: strictly alternated, one side would have every long
-    period. With equal sessions the pool it started on stays."""
-    sessions = _Sessions(100e-6, 100e-6)
+    period."""
+    sessions = _Sessions(100e-6, one_s)
     trial = ThreadCountTrial(sessions.build, clock=lambda: sessions.now, pool_first=True)
     for k in range(TRIAL_LENGTH):
         trial(torch.tensor(k))
         if k % 2:
             sessions.now += 5e-4  # the rest of the step
-    assert sessions.ran[-1] == "pool" and trial.chosen is not None
+    assert sessions.ran[-1] == kept
+    assert trial.sessions == {}  # settled: the other session is dropped
+
+
+def test_the_calls_of_autotunes_timing_loop_are_not_counted():
+    """``autotune.median_call_s`` (the whole-graph check's timing) calls the graph
+    back to back, alone: the trial runs its first side there and settles nothing."""
+    from dispatch import autotune
+
+    sessions = _Sessions(100e-6, 50e-6)
+    trial = ThreadCountTrial(sessions.build, clock=lambda: sessions.now, pool_first=True)
+    autotune.median_call_s({"graph": trial}, [torch.tensor(0)], batch_s=1e-3, batches=3)
+    assert len(sessions.ran) > TRIAL_LENGTH and set(sessions.ran) == {"pool"}
+    assert trial.chosen is None and trial.periods.counted() == 0
 
 
 def test_calls_inside_a_timing_loop_run_the_first_side_untimed():
