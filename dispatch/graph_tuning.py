@@ -212,6 +212,12 @@ class WholeGraphCheck:
         graph's stand-in here)."""
         return self.kept_routed and (self.inductor_left_out or self.inductor_led_eager)
 
+    @property
+    def inductor_untimed(self) -> bool:
+        """Once decided: the routed program kept, and inductor left out by the bar,
+        never timed (the in-place trial may time it against the routed program)."""
+        return self.kept_routed and self.inductor_left_out
+
     def _key(self) -> str:
         parts = (region_key(r.gm, tuple(r.chain)) for r in self.runners)
         past = () if self.inductor_past is None else (f"{ON_INDUCTOR} past {self.inductor_past.share}",)

@@ -24,7 +24,12 @@ INDUCTOR_TRIAL_S = 1e-4
 # kernels already fuse what inductor would. The wider set's
 # hf_levit measured 1.10 ms as routed against 3.08 as traced (0.36) in its trial,
 # and plain inductor ran it in 760 µs against auto's 488 settled; Mamba's graph
-# measured 0.74-0.97.
+# measured 0.74-0.97. It holds too where graph_tuning's check kept the routed
+# program and left inductor out by its bar: there the check timed the graph in a
+# loop of its own, which flatters ORT (Intel Xeon with AVX-512 and AMX, 2 cores:
+# a LLaMA-style decoder, 1.47 ms as routed in the check and 2.23 in place
+# against 3.04 as traced, ran 1.19x plain inductor's time; Falcon, 1.90 in place
+# against 2.45, 1.52x).
 INDUCTOR_PAST_ROUTED_SHARE = 0.5  # unless its ORT regions are many small ops (graph_tuning)
 # Inductor, once compiled, replaces a routed leader where it is faster at all: its
 # kernels run on torch's threads, where ORT's wake their own pool. Set when the

@@ -349,17 +349,26 @@ def test_a_deleted_model_mid_trial_frees_the_turn(ort_costs, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "ort_s, disabled, route, line",
+    "ort_s, inductor_s, disabled, route, line",
     [
         # RAFT-small: the check kept ORT, the traced graph ran faster in place
-        (2e-3, "inductor", "eager", "as routed 2.00 ms, as traced 1.00 ms"),
+        (2e-3, 0.5e-3, "inductor", "eager", "as routed 2.00 ms, as traced 1.00 ms"),
         # and inductor, left out by the check's bar, is timed against it
-        (2e-3, "", "inductor", f"as routed 2.00 ms, as traced 1.00 ms, {ON_INDUCTOR} 500.0 µs"),
-        # ORT leads the traced graph: the check's judgement of inductor stands
-        (0.5e-3, "", "onnxrt", "as routed 500.0 µs, as traced 1.00 ms"),
-        (0.85e-3, "", "onnxrt", "as routed 850.0 µs, as traced 1.00 ms"),  # past the bar of 0.8
+        (2e-3, 0.5e-3, "", "inductor", f"as routed 2.00 ms, as traced 1.00 ms, {ON_INDUCTOR} 500.0 µs"),
+        # ORT far ahead of the traced graph: the check's judgement of inductor stands
+        (0.45e-3, 0.3e-3, "", "onnxrt", "as routed 450.0 µs, as traced 1.00 ms"),
+        # ORT ahead by less (LLaMA: 2.23 ms against 3.04 in place, the check's 1.47
+        # flattered it): inductor, left out by the check's bar, is timed against it
+        (0.7e-3, 0.5e-3, "", "inductor", f"as routed 700.0 µs, as traced 1.00 ms, {ON_INDUCTOR} 500.0 µs"),
+        (0.7e-3, 0.8e-3, "", "onnxrt", f"as routed 700.0 µs, as traced 1.00 ms, {ON_INDUCTOR} 800.0 µs"),
     ],
-    ids=["no-inductor", "inductor", "onnx-far-ahead", "onnx-ahead-past-the-bar"],
+    ids=[
+        "no-inductor",
+        "inductor",
+        "onnx-far-ahead",
+        "onnx-ahead-inductor-faster",
+        "onnx-ahead-inductor-slower",
+    ],
 )
 @pytest.mark.parametrize("timed", [{"all eager": 3.0}], indirect=True)
 @torch.no_grad()
@@ -371,6 +380,7 @@ def test_a_graph_timed_whole_is_then_timed_in_place_against_the_graph_as_traced(
     route_compiles,
     monkeypatch,
     ort_s,
+    inductor_s,
     disabled,
     route,
     line,
@@ -382,8 +392,9 @@ def test_a_graph_timed_whole_is_then_timed_in_place_against_the_graph_as_traced(
     from tests.test_timed_graphs import LARGE
 
     monkeypatch.setenv("DISPATCH_DISABLE", disabled)
+    monkeypatch.setattr(graph_trial, "INDUCTOR_TRIAL_S", 0.4e-3)  # every leader here is past it
     ort_costs[:] = [ort_s, 1e-3]
-    ort_costs.inductor = 0.5e-3
+    ort_costs.inductor = inductor_s
     model, (x,) = LARGE
     compiled, graphs = _compiled(model, x)
     (region,) = _regions(graphs)
@@ -392,7 +403,7 @@ def test_a_graph_timed_whole_is_then_timed_in_place_against_the_graph_as_traced(
     _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
     (region,) = _regions(graphs)
     assert region.route == route and region.measured[IN_PLACE] == line
-    assert route_compiles.count("inductor") == (route == "inductor")
+    assert route_compiles.count("inductor") == (ON_INDUCTOR in line)
     assert len(timed) == 1, "the whole graph was timed again"
 
     torch._dynamo.reset()  # a warm start: both decisions read back, nothing timed
