@@ -54,7 +54,7 @@ class InductorRoute(Route):
         placeholders = gm.graph.find_nodes(op="placeholder")
 
         def build(args: Sequence[Any]) -> tuple[CompiledFn, tuple[str, ...]]:
-            fakes, shape_env = _fake_inputs(placeholders, args)
+            fakes, shape_env = fake_inputs(placeholders, args)
             return inductor_compile(gm, fakes), _size_guards(shape_env, fakes)
 
         compiled, guards = build(example_inputs)
@@ -131,7 +131,7 @@ def _size_guards(shape_env: Any, fakes: Sequence[Any]) -> tuple[str, ...]:
     return (over_args(expression, {f"t{i}": i for i in range(len(fakes))}, "inductor: the region"),)
 
 
-def _fake_inputs(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> tuple[list[Any], Any]:
+def fake_inputs(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> tuple[list[Any], Any]:
     """Fake inputs whose dimensions are symbolic where the region's are, static
     elsewhere, and the shape environment that holds their symbols.
 
