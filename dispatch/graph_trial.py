@@ -31,9 +31,9 @@ may be bound by its count of ops (ORT not far ahead of the traced graph, many
 small ops or no matmul in its ORT regions, or a traced higher-order op) goes
 on: on a later call the Dynamo graph is compiled as plain inductor compiles it
 (``plain_inductor.py``), else the graph before its split, else its ORT regions
-one by one, and that is timed in turn against the leader, whose better round
-stands. The measurements behind each rule are in ``benchmarks/README.md``
-("The in-place trial").
+one by one, and that is timed in turn against the leader, each side judged by
+its better round (``trial_margins.inductor_wins``). The measurements behind
+each rule are in ``benchmarks/README.md`` ("The in-place trial").
 
 ORT and torch may round a value differently in its last bit, and Dynamo
 guards the code after an ``.item()`` graph break on the exact value read: a
@@ -75,6 +75,7 @@ from .trial_margins import (
     INDUCTOR_PAST_ROUTED_SHARE,
     INDUCTOR_TRIAL_S,
     ROUTED_MARGIN,
+    inductor_wins,
     runs_subgraphs,
     traced_won_note,
 )
@@ -194,6 +195,7 @@ class InPlaceTrial:
         self.timing = [AS_TRACED, AS_ROUTED]  # the sides timed in turn
         self.periods = CallPeriods(self.timing, self.clock)
         self.first_round: dict[str, float] = {}  # the medians of routed against traced
+        self.rounds: dict[str, list[float]] = {}  # inductor's and the leader's medians, by round
         self.leader: str | None = None  # the faster of those two, once timed
         self.on_inductor: dict[str, CompiledFn] | CompiledFn | None = None  # once compiled
         #: the graph compiled whole by inductor, where it was (the inductor side then runs it)
@@ -239,8 +241,10 @@ class InPlaceTrial:
                 if self.chosen is not None:
                     trial_slot.TRIAL_SLOT.release(self)
                     return self.chosen(*args)
-                # inductor's round starts with the call that compiles it
-                return self._compile_on_inductor(args)
+                if self.on_inductor is None:  # inductor's round starts with the call that compiles it
+                    return self._compile_on_inductor(args)
+                self.periods.interrupt()  # and another round with the next call
+                return self.sides[self.leader or AS_ROUTED](*args)
             out = self.sides[self.periods.side](*args)
             self.periods.end(start)
             return out
@@ -261,18 +265,22 @@ class InPlaceTrial:
             self.leader = AS_ROUTED if routed_won else AS_TRACED
             if self._tries_inductor(self.periods.calls(skip=WARM_BLOCKS)):
                 self.timing = [ON_INDUCTOR, self.leader]
+                self.rounds = {ON_INDUCTOR: [], self.leader: [seconds[self.leader]]}
                 self.periods.reset(self.timing)
                 return
             self._finish(self.leader)
             return
-        on_inductor = autotune.format_seconds(seconds[ON_INDUCTOR])
         margin = INDUCTOR_OVER_ROUTED_MARGIN if self.leader == AS_ROUTED else INDUCTOR_OVER_TRACED_MARGIN
-        # The leader ran two rounds, inductor one: the leader's better round stands,
-        # since a round is only ever slowed by what else ran (a busy core).
-        leader_s = min(seconds[self.leader], self.first_round[self.leader])
-        self.first_round[self.leader] = leader_s
-        faster = seconds[ON_INDUCTOR] < margin * leader_s
-        self._finish(ON_INDUCTOR if faster else self.leader, on_inductor)
+        self.rounds[ON_INDUCTOR].append(seconds[ON_INDUCTOR])
+        self.rounds[self.leader].append(seconds[self.leader])
+        faster = inductor_wins(self.rounds[ON_INDUCTOR], self.rounds[self.leader], margin)
+        if faster is None:  # the round and the better rounds disagree: one more round
+            self.periods.reset(self.timing)
+            return
+        self.first_round[self.leader] = min(self.rounds[self.leader])
+        self._finish(
+            ON_INDUCTOR if faster else self.leader, autotune.format_seconds(min(self.rounds[ON_INDUCTOR]))
+        )
 
     def _routed_margin(self) -> float:
         """What the routed program must win by: ``ROUTED_MARGIN`` where ORT regions

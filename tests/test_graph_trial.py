@@ -732,7 +732,9 @@ def test_inductor_must_win_in_place_by_the_margin(ort_costs, inductor_tried, cos
 @torch.no_grad()
 def test_inductor_is_judged_against_the_leaders_better_round(ort_costs, inductor_tried):
     """ORT led at 2 ms, then ran at 4 ms while inductor was timed (a busy core):
-    inductor's 3 ms beats that round but not the leader's better one, so ORT stays."""
+    inductor's 3 ms beats that round but not the leader's better one. The two
+    verdicts disagree, so one more round is timed: ORT is still slowed there,
+    and its better round stands, so ORT stays."""
     ort_costs[:] = [2e-3, 3e-3]
     ort_costs.inductor = 3e-3
     model, x = small(), torch.randn(8, 16)
@@ -742,7 +744,44 @@ def test_inductor_is_judged_against_the_leaders_better_round(ort_costs, inductor
     _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH - TRIAL_LENGTH)
     (region,) = _regions(graphs)
     assert region.route == "onnxrt"
+    assert IN_PLACE not in region.measured  # undecided: the extra round
+    _calls(compiled, model, x, TIMED_LENGTH + 1)
+    (region,) = _regions(graphs)
+    assert region.route == "onnxrt"
     assert region.measured[IN_PLACE] == f"as routed 2.00 ms, as traced 3.00 ms, {PLAIN_INDUCTOR} 3.00 ms"
+
+
+@pytest.mark.parametrize(
+    "third_round, kept, line",
+    [
+        # quiet again: inductor's better round beats the leader's
+        ((2e-3, 1.6e-3), "inductor", f"as routed 3.00 ms, as traced 2.00 ms, {PLAIN_INDUCTOR} 1.60 ms"),
+        # slowed again on both sides: the better rounds stand, and inductor's is not 5% ahead
+        ((2.6e-3, 2.2e-3), "eager", f"as routed 3.00 ms, as traced 2.00 ms, {PLAIN_INDUCTOR} 2.20 ms"),
+    ],
+    ids=["quiet", "slowed-again"],
+)
+@torch.no_grad()
+def test_a_round_slowed_on_both_sides_is_timed_again_before_inductor_loses(
+    ort_costs, inductor_tried, third_round, kept, line
+):
+    """The graph as traced led at 2 ms; in inductor's round both sides ran slowed,
+    as traced at 2.6 and inductor at 2.2: ahead in turn, behind the traced graph's
+    better round. A third round decides, each side by its better round."""
+    ort_costs[:] = [3e-3, 2e-3]
+    ort_costs.inductor = 1.6e-3
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, TRIAL_LENGTH)
+    ort_costs[1], ort_costs.inductor = 2.6e-3, 2.2e-3
+    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH - TRIAL_LENGTH)
+    (region,) = _regions(graphs)
+    assert IN_PLACE not in region.measured
+    ort_costs[1], ort_costs.inductor = third_round
+    _calls(compiled, model, x, TIMED_LENGTH + 1)
+    (region,) = _regions(graphs)
+    assert region.route == kept
+    assert region.measured[IN_PLACE] == line
 
 
 @pytest.mark.parametrize(
