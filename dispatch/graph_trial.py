@@ -70,6 +70,7 @@ from .routes.onnx_threads import TRIAL_BLOCKS as THREAD_TRIAL_BLOCKS
 from .routes.onnx_threads import WARM_BLOCKS as THREAD_WARM_BLOCKS
 from .stitch import StitchedGraph, with_forward_swapped, with_region_inputs, with_regions_swapped
 from .trial_margins import (
+    EXTRA_INDUCTOR_ROUNDS,
     INDUCTOR_OVER_ROUTED_MARGIN,
     INDUCTOR_OVER_TRACED_MARGIN,
     INDUCTOR_PAST_ROUTED_SHARE,
@@ -92,6 +93,10 @@ IN_PLACE = "in place"  # the key of this measurement in each region's ``measured
 ROUTED_FIRST_CALLS = 2 + 2 * BLOCK_CALLS * (THREAD_WARM_BLOCKS + THREAD_TRIAL_BLOCKS)
 WARM_BLOCKS = 1  # untimed blocks of calls of each side once the sides alternate
 TIMED_BLOCKS = 4  # timed blocks of each side (call_periods.BLOCK_CALLS calls each)
+#: a round's calls, with the call after it, that decides it
+ROUND_CALLS = 2 * BLOCK_CALLS * (WARM_BLOCKS + TIMED_BLOCKS) + 1
+#: the calls one graph's trial takes at most: against the traced graph, then inductor's rounds
+LONGEST_TRIAL_CALLS = ROUTED_FIRST_CALLS + ROUND_CALLS * (2 + EXTRA_INDUCTOR_ROUNDS)
 _KIND = "in-place-trial"
 TRACED_WON = "traced won"  # a decision's note: why the routed program lost to the traced graph
 

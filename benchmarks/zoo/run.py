@@ -7,8 +7,8 @@
 Per cell: pass or fail with the reason, accuracy against eager in the cell's
 dtype with an fp64 truth (as PyTorch's benchmark dashboard judges it),
 per-call median (batches taken in turn across the columns' processes, after
-150 untimed calls in each; with --processes N, the fastest of each column's N
-processes), cold compile (first call, fresh caches),
+``worker.WARM_UP_CALLS`` untimed calls in each; with --processes N, the
+fastest of each column's N processes), cold compile (first call, fresh caches),
 warm compile (a second process on the same caches, inductor and auto), peak
 memory (RSS on CPU, allocated GPU memory on CUDA). Per column: pass rate and
 geomean speedup over eager; then auto against its targets (``targets``).
