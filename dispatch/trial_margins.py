@@ -55,13 +55,16 @@ EXTRA_INDUCTOR_ROUNDS = 1
 def inductor_wins(inductor_s: Sequence[float], leader_s: Sequence[float], margin: float) -> bool | None:
     """Whether inductor beat the leader by ``margin``, from each side's median call
     by round: the leader's first round (against the other side), then one per
-    round in turn with inductor. A round on a shared machine is only ever slowed
-    by what else ran, so each side's better round stands; where that and the
-    latest round in turn disagree, the answer is None, and one more round is
-    timed (once). Judged by the leader's better round against inductor's only
-    one, a round slowed on both sides counted against inductor alone; judged by
-    the round in turn alone, timm's LCNet left ORT (0.30-0.37 ms a call) for
-    inductor (1.83 ms), ORT slowed in that round."""
+    round in turn with inductor. A round on a shared machine is mostly slowed by
+    what else ran, so each side's better round stands; where that and the latest
+    round in turn disagree, the answer is None, and one more round is timed
+    (once). Judged by the leader's better round against inductor's only one, a
+    round slowed on both sides counted against inductor alone; judged by the
+    round in turn alone, timm's LCNet left ORT (0.30-0.37 ms a call) for
+    inductor (1.83 ms), ORT slowed in that round. Only roughly: a side's time
+    also moves with the program it alternates with (hf_opt's traced graph ran
+    1538 µs beside ORT, 2121-2174 beside inductor, 1495 alone; README, "What
+    limits auto today")."""
     by_best = min(inductor_s) < margin * min(leader_s)
     in_turn = inductor_s[-1] < margin * leader_s[-1]
     if by_best != in_turn and len(inductor_s) <= EXTRA_INDUCTOR_ROUNDS:
