@@ -31,9 +31,12 @@ may be bound by its count of ops (ORT not far ahead of the traced graph, many
 small ops or no matmul in its ORT regions, or a traced higher-order op) goes
 on: on a later call the Dynamo graph is compiled as plain inductor compiles it
 (``plain_inductor.py``), else the graph before its split, else its ORT regions
-one by one, and that is timed in turn against the leader, each side judged by
-its better round (``trial_margins.inductor_wins``). The measurements behind
-each rule are in ``benchmarks/README.md`` ("The in-place trial").
+one by one (``trial_inductor.py``), and that is timed in turn against the
+leader, each side judged by its better round (``trial_margins.inductor_wins``).
+Where the check moved the graph to inductor, it compiled auto's lowered graph:
+plain inductor's program of the Dynamo graph is then timed against whichever
+led, and takes a near tie from the lowered one. The measurements behind each
+rule are in ``benchmarks/README.md`` ("The in-place trial").
 
 ORT and torch may round a value differently in its last bit, and Dynamo
 guards the code after an ``.item()`` graph break on the exact value read: a
@@ -61,26 +64,25 @@ from .graph_tuning import (
     WHOLE_ON_INDUCTOR,
     WholeGraphCheck,
 )
-from .inductor_bar import CUTTING_ROUTE, many_small_ops, without_matmuls
-from .plain_inductor import PLAIN_INDUCTOR, checked_plain_call, plain_on_first_call
+from .inductor_bar import CUTTING_ROUTE
+from .plain_inductor import PLAIN_INDUCTOR, plain_on_first_call
 from .planner import availability
 from .region import GraphPlan
-from .routes import CompiledFn, registry
+from .routes import registry
 from .routes.onnx_threads import TRIAL_BLOCKS as THREAD_TRIAL_BLOCKS
 from .routes.onnx_threads import WARM_BLOCKS as THREAD_WARM_BLOCKS
-from .stitch import StitchedGraph, with_forward_swapped, with_region_inputs, with_regions_swapped
+from .stitch import StitchedGraph
+from .trial_inductor import InductorSide
 from .trial_margins import (
     EXTRA_INDUCTOR_ROUNDS,
-    INDUCTOR_OVER_ROUTED_MARGIN,
     INDUCTOR_OVER_TRACED_MARGIN,
-    INDUCTOR_PAST_ROUTED_SHARE,
-    INDUCTOR_TRIAL_S,
+    PLAIN_OVER_LOWERED_MARGIN,
     ROUTED_MARGIN,
     inductor_wins,
     runs_subgraphs,
     traced_won_note,
 )
-from .whole_inductor import cutting_regions_on_inductor, run_whole_on_inductor, whole_graph_on_inductor
+from .whole_inductor import run_whole_on_inductor
 
 log = logging.getLogger("dispatch")
 
@@ -99,6 +101,8 @@ ROUND_CALLS = 2 * BLOCK_CALLS * (WARM_BLOCKS + TIMED_BLOCKS) + 1
 LONGEST_TRIAL_CALLS = ROUTED_FIRST_CALLS + ROUND_CALLS * (2 + EXTRA_INDUCTOR_ROUNDS)
 _KIND = "in-place-trial"
 TRACED_WON = "traced won"  # a decision's note: why the routed program lost to the traced graph
+#: a decision's note: the routed program ran on inductor (graph_tuning's check moved it there)
+ROUTED_ON_INDUCTOR = "routed on inductor"
 
 
 def in_place_trial(
@@ -177,16 +181,14 @@ class InPlaceTrial:
     ) -> None:
         self.sides = {AS_ROUTED: routed, AS_TRACED: traced.forward}
         self.traced = traced
-        #: the inputs the graph updates in place, where known: plain inductor is tried then
-        self.mutated = mutated
-        #: the traced graph's time overstates its ops' (``runs_subgraphs``)
-        self.traced_runs_subgraphs = traced_runs_subgraphs
         self.config = config or Config()
         self.whole_check = whole_check
         self.stitched = list(stitched)
         self.runners = [r for s in stitched for r in s.runners]
-        #: inductor may stand in for the ORT regions, where the graph is slow for its work
-        self.inductor = inductor and any(r.chain[0] == CUTTING_ROUTE for r in self.runners)
+        self.on_inductor = InductorSide(
+            traced, stitched, self.config, whole_check, mutated, traced_runs_subgraphs, inductor
+        )
+        self.inductor = self.on_inductor.enabled
         self.cache = cache
         self.key = region_key(
             stitched[0].gm,
@@ -202,10 +204,6 @@ class InPlaceTrial:
         self.first_round: dict[str, float] = {}  # the medians of routed against traced
         self.rounds: dict[str, list[float]] = {}  # inductor's and the leader's medians, by round
         self.leader: str | None = None  # the faster of those two, once timed
-        self.on_inductor: dict[str, CompiledFn] | CompiledFn | None = None  # once compiled
-        #: the graph compiled whole by inductor, where it was (the inductor side then runs it)
-        self.whole: CompiledFn | None = None
-        self.inductor_label = ON_INDUCTOR  # what inductor compiled for its side
         self.chosen: Callable[..., Any] | None = None
         self._lock = threading.Lock()
 
@@ -237,7 +235,7 @@ class InPlaceTrial:
                 # them it would pay on both of its sides (``trial_slot.py``).
                 self.periods.interrupt()
                 return self.sides[AS_TRACED](*args)
-            if ON_INDUCTOR in self.timing and self.on_inductor is None:
+            if ON_INDUCTOR in self.timing and ON_INDUCTOR not in self.sides:
                 self.periods.interrupt()
                 return self._compile_on_inductor(args)
             start = self.periods.start()
@@ -246,7 +244,7 @@ class InPlaceTrial:
                 if self.chosen is not None:
                     trial_slot.TRIAL_SLOT.release(self)
                     return self.chosen(*args)
-                if self.on_inductor is None:  # inductor's round starts with the call that compiles it
+                if ON_INDUCTOR not in self.sides:  # inductor's round starts with the call that compiles it
                     return self._compile_on_inductor(args)
                 self.periods.interrupt()  # and another round with the next call
                 return self.sides[self.leader or AS_ROUTED](*args)
@@ -268,14 +266,14 @@ class InPlaceTrial:
             self.first_round = seconds
             routed_won = seconds[AS_ROUTED] < self._routed_margin() * seconds[AS_TRACED]
             self.leader = AS_ROUTED if routed_won else AS_TRACED
-            if self._tries_inductor(self.periods.calls(skip=WARM_BLOCKS)):
+            if self.on_inductor.tried(self.leader, self.periods.calls(skip=WARM_BLOCKS), AS_TRACED):
                 self.timing = [ON_INDUCTOR, self.leader]
                 self.rounds = {ON_INDUCTOR: [], self.leader: [seconds[self.leader]]}
                 self.periods.reset(self.timing)
                 return
             self._finish(self.leader)
             return
-        margin = INDUCTOR_OVER_ROUTED_MARGIN if self.leader == AS_ROUTED else INDUCTOR_OVER_TRACED_MARGIN
+        margin = self.on_inductor.margin(self.leader)
         self.rounds[ON_INDUCTOR].append(seconds[ON_INDUCTOR])
         self.rounds[self.leader].append(seconds[self.leader])
         faster = inductor_wins(self.rounds[ON_INDUCTOR], self.rounds[self.leader], margin)
@@ -293,32 +291,14 @@ class InPlaceTrial:
         wakes_pools = any(r.chain[0] == CUTTING_ROUTE for r in self.runners)
         return ROUTED_MARGIN if wakes_pools else INDUCTOR_OVER_TRACED_MARGIN
 
-    def _tries_inductor(self, seconds: dict[str, float]) -> bool:
-        """Whether inductor is compiled and timed against the leader of the first round,
-        by each side's median call (``seconds``): the graph's own work, not the code after it."""
-        assert self.leader is not None
-        if not self.inductor or seconds[self.leader] < INDUCTOR_TRIAL_S:
-            return False
-        check = self.whole_check
-        if check is not None:
-            if self.leader == AS_TRACED:
-                return check.inductor_open
-            if not check.inductor_untimed:
-                return False  # the check timed inductor behind the graph as routed
-        share = seconds[AS_ROUTED] / seconds[AS_TRACED]
-        return (
-            share >= INDUCTOR_PAST_ROUTED_SHARE
-            or self.traced_runs_subgraphs
-            or many_small_ops(self.runners)
-            or without_matmuls(self.runners)
-        )
-
     def _finish(self, winner: str, on_inductor: str | None = None) -> None:
         decision: dict[str, Any] = {side: autotune.format_seconds(s) for side, s in self.first_round.items()}
-        label = self.inductor_label
+        label = self.on_inductor.label
         if on_inductor is not None:
             decision[label] = on_inductor
         decision["winner"] = label if winner == ON_INDUCTOR else winner
+        if self.on_inductor.routed_on_inductor:
+            decision[ROUTED_ON_INDUCTOR] = True
         if winner == AS_TRACED:
             routed_s, traced_s = self.first_round[AS_ROUTED], self.first_round[AS_TRACED]
             decision[TRACED_WON] = traced_won_note(routed_s, traced_s, self._routed_margin())
@@ -326,102 +306,64 @@ class InPlaceTrial:
         self._apply(decision, cached=False)
 
     def _compile_on_inductor(self, args: Sequence[Any]) -> Any:
-        """This call, run as routed, untimed: its inputs are what inductor compiles
-        the Dynamo graph for, as plain inductor would (``plain_inductor.py``);
-        where that fails or differs, the next call's are what it compiles the
-        graph before its split for (or, where that fails, each ORT region, for the
-        region's inputs). Where inductor fails a region too (or computes it
-        differently from torch) the leader wins, and the reasons are kept."""
-        if self.mutated is not None:
-            mutated, self.mutated = self.mutated, None  # tried once
-            out, plain, why_not = checked_plain_call(
-                self.sides[AS_ROUTED], self.traced, args, mutated, self.config
-            )
-            if plain is not None:
-                self.inductor_label, self.on_inductor = PLAIN_INDUCTOR, plain
-                self.sides[ON_INDUCTOR] = plain
-            else:  # the next call tries the graph as split
-                for runner in self.runners:
-                    runner.run.measured[PLAIN_INDUCTOR] = str(why_not)
-            return out
-        out, region_args, graph_args = self._routed_recording_inputs(args)
-        if graph_args is not None:
-            (stitched,) = self.stitched
-            whole, why_not = whole_graph_on_inductor(stitched, graph_args, self.config)
-            if whole is not None:
-                self.whole = self.on_inductor = whole
-                self.inductor_label = WHOLE_ON_INDUCTOR
-                self.sides[ON_INDUCTOR] = with_forward_swapped(stitched, whole, self.sides[AS_ROUTED])
-                return out
-            for runner in self.runners:
-                if runner.chain[0] == CUTTING_ROUTE:
-                    runner.run.measured[WHOLE_ON_INDUCTOR] = str(why_not)
-        compiled, failed = cutting_regions_on_inductor(self.runners, region_args)
-        if failed is not None:
-            reason = failed.run.measured.get("inductor", "the region did not run")
+        """This call, run as routed, untimed, and inductor's side compiled for its
+        inputs (``trial_inductor.InductorSide.compile``); where nothing is left to
+        compile, the leader wins, and the reasons are kept."""
+        out, side, failed = self.on_inductor.compile(self.sides[AS_ROUTED], args)
+        if side is not None:
+            self.sides[ON_INDUCTOR] = side
+        elif failed is not None:
             assert self.leader is not None
-            self._finish(self.leader, f"not compiled: {failed.plan.name}: {reason}")
+            self._finish(self.leader, failed)
             trial_slot.TRIAL_SLOT.release(self)
-            return out
-        self.on_inductor = compiled
-        self.sides[ON_INDUCTOR] = with_regions_swapped(self.runners, compiled, self.sides[AS_ROUTED])
         return out
 
-    def _routed_recording_inputs(
-        self, args: Sequence[Any]
-    ) -> tuple[Any, dict[str, Sequence[Any]], Sequence[Any] | None]:
-        """This call, run as routed, with the inputs of each region (by name) and,
-        where the graph was kept unsplit, the inputs of the graph itself."""
-        kept = [graph for graph in self.stitched if graph.whole is not None]
-        if len(self.stitched) != 1 or not kept:
-            out, region_args = with_region_inputs(self.stitched, lambda: self.sides[AS_ROUTED](*args))
-            return out, region_args, None
-        (stitched,) = kept
-        seen: list[Sequence[Any]] = []
-
-        def recording(*graph_args: Any) -> Any:
-            seen.append(graph_args)
-            return stitched.split_forward(*graph_args)
-
-        routed = with_forward_swapped(stitched, recording, self.sides[AS_ROUTED])
-        out, region_args = with_region_inputs(self.stitched, lambda: routed(*args))
-        return out, region_args, seen[0] if seen else None
-
     def _apply(self, decision: dict[str, Any], cached: bool) -> None:
+        on_inductor = bool(decision.get(ROUTED_ON_INDUCTOR))
+        labels = {AS_ROUTED: f"{AS_ROUTED} on inductor" if on_inductor else AS_ROUTED}
         sides = (AS_ROUTED, AS_TRACED, PLAIN_INDUCTOR, WHOLE_ON_INDUCTOR, ON_INDUCTOR)
-        line = ", ".join(f"{side} {decision[side]}" for side in sides if side in decision)
+        line = ", ".join(f"{labels.get(side, side)} {decision[side]}" for side in sides if side in decision)
         line += " (cached)" if cached else ""
         winner = decision["winner"]
+        program, whole = self.on_inductor.forget()
         if winner == PLAIN_INDUCTOR:
             reason = (
                 f"the graph compiled as plain inductor compiles it, faster in place by measurement: {line}"
             )
+            if on_inductor:
+                reason = (
+                    "the graph compiled as plain inductor compiles it, in place of inductor's program "
+                    f"of the lowered graph, within {PLAIN_OVER_LOWERED_MARGIN - 1:.0%} of its time "
+                    f"or faster by measurement: {line}"
+                )
             for runner in self.runners:
                 runner.run.measured[IN_PLACE] = line
+                # Moved to inductor by the check: the planned route's reason is replaced.
+                moved = runner.chain[0] == "inductor" != runner.run.planned.route
                 runner.run_on("inductor", reason)  # its ops run inside that program
-            _free_unsplit(self.stitched)  # the routed program no longer runs
-            plain = self.on_inductor if not cached and callable(self.on_inductor) else None
+                if moved:
+                    runner.run.rejected[runner.run.planned.route] = reason
+            for graph in self.stitched:  # the routed program no longer runs: its compiles go
+                graph.whole, graph.forward = None, graph.split_forward
+            plain = program if not cached and callable(program) else None
             self.chosen = plain or plain_on_first_call(self.traced, self.config, self.runners[0].plan.graph)
             log.info("graph in-place trial: %s won (%s)", winner, line)
             self.sides = {winner: self.chosen}
-            self.on_inductor = self.whole = None
             return
         if winner == WHOLE_ON_INDUCTOR:
             for runner in self.runners:
                 runner.run.measured[IN_PLACE] = line
             reason = f"compiled whole by inductor, faster in place by measurement: {line}"
-            whole = self.whole if not cached else None
-            run_whole_on_inductor(self.stitched[0], whole, reason, self.config)
+            run_whole_on_inductor(self.stitched[0], None if cached else whole, reason, self.config)
             log.info("graph in-place trial: %s won (%s)", winner, line)
             self.chosen = self.sides[AS_ROUTED]
             self.sides = {winner: self.chosen}
-            self.on_inductor = self.whole = None
             return
         if self.whole_check is None or winner == AS_TRACED or not self.whole_check.pending:
             # Else the check owns the copy: a warm start applies this decision
             # before the check's first call, whose cached winner may compile it.
             _free_unsplit(self.stitched)
-        compiled = self.on_inductor if isinstance(self.on_inductor, dict) else {}
+        compiled = program if isinstance(program, dict) else {}
         for runner in self.runners:
             runner.run.measured[IN_PLACE] = line
             if winner == AS_TRACED and runner.chain[0] != "eager":
@@ -434,4 +376,3 @@ class InPlaceTrial:
         log.info("graph in-place trial: %s won (%s)", winner, line)
         self.chosen = self.sides[AS_ROUTED if winner == ON_INDUCTOR else winner]
         self.sides = {winner: self.chosen}  # the loser's memory goes with it
-        self.on_inductor = self.whole = None

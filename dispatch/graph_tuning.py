@@ -174,6 +174,9 @@ class WholeGraphCheck:
         self.inductor_left_out = False
         #: once decided: the routed program kept, and inductor timed ahead of all eager
         self.kept_routed = False
+        #: once decided: the graph moved to inductor, compiled from the lowered graph
+        #: (the in-place trial times plain inductor's program of the Dynamo graph against it)
+        self.moved_to_inductor = False
         self.inductor_led_eager = False
         #: set by the in-place trial that follows, which may compile the unsplit graph
         self.unsplit_for_trial = False
@@ -312,6 +315,7 @@ class WholeGraphCheck:
             runner.run.measured[WHOLE_GRAPH] = line + note
         self.inductor_left_out = INDUCTOR_UNTRIED in decision
         self.kept_routed = winner == AS_ROUTED
+        self.moved_to_inductor = winner in (WHOLE_ON_INDUCTOR, ON_INDUCTOR)
         self.inductor_led_eager = _inductor_led_eager(decision)
         reason = f"slower as a whole graph by measurement: {line}"
         if NEAR_TIE in decision:

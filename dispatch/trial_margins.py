@@ -47,6 +47,16 @@ INDUCTOR_OVER_ROUTED_MARGIN = 1.0
 # 4-layer decoder with Meta's complex-valued rotary embedding ran as traced in
 # 35.3 ms against plain inductor's 33.6 (1.05x; AMD EPYC, AVX2, 2 cores).
 INDUCTOR_OVER_TRACED_MARGIN = 0.95
+# Plain inductor's program of the Dynamo graph (``plain_inductor.py``) takes a
+# near tie from the same graph compiled by inductor after auto's own lowering,
+# where graph_tuning's check moved the graph there: both are inductor's
+# kernels on torch's threads, and plain inductor's is the program a user of
+# torch.compile gets, the bar auto is held to. The lowered one lowers through
+# AOTAutograd twice and copies updated inputs back outside inductor's program:
+# on the zoo's inplace_input it ran 153 µs a call against plain inductor's
+# 119-145 (AMD EPYC, AVX2), and hf_gpt2, moved to its regions on inductor by
+# the check, ran 1.59x plain inductor's time in the zoo (Xeon, AVX-512).
+PLAIN_OVER_LOWERED_MARGIN = 1.05
 # Rounds of inductor against the leader timed past the first where their
 # verdicts disagree (``inductor_wins``).
 EXTRA_INDUCTOR_ROUNDS = 1
