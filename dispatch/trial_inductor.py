@@ -82,11 +82,12 @@ class InductorSide:
             return INDUCTOR_OVER_TRACED_MARGIN
         return PLAIN_OVER_LOWERED_MARGIN if self.routed_on_inductor else INDUCTOR_OVER_ROUTED_MARGIN
 
-    def tried(self, leader: str, seconds: dict[str, float], traced: str) -> bool:
-        """Whether inductor is compiled and timed against ``leader``, by each side's
-        median call in the first round (``seconds``, the traced graph's under
-        ``traced``): the graph's own work, not the code after it."""
-        if not self.enabled or seconds[leader] < INDUCTOR_TRIAL_S:
+    def tried(self, leader: str, leader_s: float, routed_share: float) -> bool:
+        """Whether inductor is compiled and timed against ``leader``, by the first
+        round's median calls (the graph's own work, not the code after it): the
+        leader's (``leader_s``), and the routed program's as a share of the traced
+        graph's (``routed_share``)."""
+        if not self.enabled or leader_s < INDUCTOR_TRIAL_S:
             return False
         check = self.whole_check
         if check is not None:
@@ -96,9 +97,8 @@ class InductorSide:
                 return check.inductor_open
             if not check.inductor_untimed:
                 return False  # the check timed inductor behind the graph as routed
-        share = seconds[AS_ROUTED] / seconds[traced]
         return (
-            share >= INDUCTOR_PAST_ROUTED_SHARE
+            routed_share >= INDUCTOR_PAST_ROUTED_SHARE
             or self.traced_runs_subgraphs
             or many_small_ops(self.runners)
             or without_matmuls(self.runners)

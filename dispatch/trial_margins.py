@@ -41,12 +41,20 @@ INDUCTOR_PAST_ROUTED_SHARE = 0.5  # unless its ORT regions are many small ops (g
 # graph on inductor 638 µs in the trial) and ran in 761 µs against plain
 # inductor's 672.
 INDUCTOR_OVER_ROUTED_MARGIN = 1.0
-# Against the traced graph, inductor must run the graph 5% faster, the tolerance
-# auto is held to against every other column: within it the traced graph serves,
-# whose warm start costs nothing where inductor's costs a compile. At 0.9, a
-# 4-layer decoder with Meta's complex-valued rotary embedding ran as traced in
-# 35.3 ms against plain inductor's 33.6 (1.05x; AMD EPYC, AVX2, 2 cores).
-INDUCTOR_OVER_TRACED_MARGIN = 0.95
+# Against the traced graph, inductor wins where it ran faster at all in place.
+# The trial's readings of the two err by more than 5% (in the zoo run of
+# 2026-11-29 19:10, Xeon with AVX-512 and AMX, 2 cores: hf_albert's traced
+# graph read 1.41 ms in place against plain inductor's 1.35, and then ran 2.25
+# ms a call against plain inductor's 1.44 in the zoo), and the errors cost
+# unequally: in that run plain inductor ran 22 of 25 rows faster than the
+# traced graph (the floor), two within 4% of it, and timm_resnet18 (which auto
+# runs on ORT) at 1.47x, while the traced graph ran the transformers 1.05-1.9x
+# plain inductor's time. At 0.95 hf_albert stayed as traced (1.56x
+# inductor's time); at 0.9, a 4-layer decoder with Meta's complex-valued rotary
+# embedding ran as traced in 35.3 ms against plain inductor's 33.6 (AMD EPYC,
+# AVX2). Inductor's warm start costs a compile's cache load where the traced
+# graph's costs nothing.
+INDUCTOR_OVER_TRACED_MARGIN = 1.0
 # Plain inductor's program of the Dynamo graph (``plain_inductor.py``) takes a
 # near tie from the same graph compiled by inductor after auto's own lowering,
 # where graph_tuning's check moved the graph there: both are inductor's

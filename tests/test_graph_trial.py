@@ -18,6 +18,7 @@ import dispatch.routes.onnx_session as onnx_session
 import dispatch.trial_inductor as trial_inductor
 import dispatch.trial_slot as trial_slot
 from benchmarks.zoo.models import InplaceInput
+from dispatch.autotune import format_seconds
 from dispatch.call_periods import BLOCK_CALLS
 from dispatch.graph_trial import (
     IN_PLACE,
@@ -477,9 +478,9 @@ ON_INDUCTOR_AS_ROUTED = "as routed on inductor"
         (0.9e-3, 2e-3, 0.5e-3, "plain"),
         # and loses where the lowered graph is 5% ahead
         (0.9e-3, 2e-3, 0.95e-3, "lowered"),
-        # the lowered graph under 5% ahead of the traced graph: plain inductor's must be
-        (0.97e-3, 1e-3, 0.94e-3, "plain"),
-        (0.97e-3, 1e-3, 0.96e-3, "traced"),
+        # the lowered graph behind the traced graph: plain inductor's must be ahead of it
+        (1.02e-3, 1e-3, 0.98e-3, "plain"),
+        (1.02e-3, 1e-3, 1e-3, "traced"),
     ],
     ids=["near-tie", "faster", "lowered-ahead", "traced-led", "traced-kept"],
 )
@@ -504,8 +505,8 @@ def test_a_graph_the_check_moved_to_inductor_tries_plain_inductors_program_in_pl
     _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
     (region,) = _regions(graphs)
     route = "eager" if program == "traced" else "inductor"
-    first = f"{ON_INDUCTOR_AS_ROUTED} {lowered_s * 1e6:.1f} µs, as traced {traced_s * 1e3:.2f} ms"
-    line = f"{first}, {PLAIN_INDUCTOR} {plain_s * 1e6:.1f} µs"
+    first = f"{ON_INDUCTOR_AS_ROUTED} {format_seconds(lowered_s)}, as traced {format_seconds(traced_s)}"
+    line = f"{first}, {PLAIN_INDUCTOR} {format_seconds(plain_s)}"
     assert (region.route, region.measured[IN_PLACE]) == (route, line)
     assert route_compiles == ["onnxrt", "inductor"], "the lowered graph compiled again in place"
     stitched = graphs[0].stitched
@@ -788,9 +789,9 @@ def test_a_small_cut_graph_moves_whole_to_one_inductor_compile(
         # ORT leads: inductor replaces it where faster at all (ORT's wake-up cost is outside its call)
         ([2e-3, 3e-3], 1.95e-3, "inductor"),
         ([2e-3, 3e-3], 2.05e-3, "onnxrt"),
-        # as traced leads: inductor must beat it by 5%
-        ([3e-3, 2e-3], 1.85e-3, "inductor"),
-        ([3e-3, 2e-3], 1.9e-3, "eager"),
+        # as traced leads: inductor replaces it where faster at all (its readings err by more than 5%)
+        ([3e-3, 2e-3], 1.95e-3, "inductor"),
+        ([3e-3, 2e-3], 2e-3, "eager"),
     ],
 )
 @torch.no_grad()
