@@ -135,10 +135,10 @@ def in_place_trial(
         traced_runs_subgraphs=runs_subgraphs(traced),
         mutated=mutated,
     )
-    if not trial.inductor and whole_check is None:
+    if not trial.inductor_side.enabled and whole_check is None:
         _free_unsplit(stitched)
     settled = trial.settled()
-    if settled is None and trial.inductor and whole_check is not None:
+    if settled is None and trial.inductor_side.enabled and whole_check is not None:
         whole_check.unsplit_for_trial = True  # the trial may still compile the graph whole
     return settled or trial
 
@@ -184,10 +184,9 @@ class InPlaceTrial:
         self.whole_check = whole_check
         self.stitched = list(stitched)
         self.runners = [r for s in stitched for r in s.runners]
-        self.on_inductor = InductorSide(
+        self.inductor_side = InductorSide(
             traced, stitched, self.config, whole_check, mutated, traced_runs_subgraphs, inductor
         )
-        self.inductor = self.on_inductor.enabled
         self.cache = cache
         self.key = region_key(
             stitched[0].gm,
@@ -210,7 +209,7 @@ class InPlaceTrial:
         """The winner, where the decision is cached (a warm start), else None."""
         decision = self.cache.get_json(_KIND, self.key)
         inductor = (ON_INDUCTOR, WHOLE_ON_INDUCTOR, PLAIN_INDUCTOR)
-        winners = (*self.sides, *inductor) if self.inductor else tuple(self.sides)
+        winners = (*self.sides, *inductor) if self.inductor_side.enabled else tuple(self.sides)
         if decision is None or decision.get("winner") not in winners:
             return None
         self._apply(decision, cached=True)
@@ -267,14 +266,14 @@ class InPlaceTrial:
             self.leader = AS_ROUTED if routed_won else AS_TRACED
             calls = self.periods.calls(skip=WARM_BLOCKS)
             share = calls[AS_ROUTED] / calls[AS_TRACED]
-            if self.on_inductor.tried(self.leader, calls[self.leader], share):
+            if self.inductor_side.tried(self.leader, calls[self.leader], share):
                 self.timing = [ON_INDUCTOR, self.leader]
                 self.rounds = {ON_INDUCTOR: [], self.leader: [seconds[self.leader]]}
                 self.periods.reset(self.timing)
                 return
             self._finish(self.leader)
             return
-        margin = self.on_inductor.margin(self.leader)
+        margin = self.inductor_side.margin(self.leader)
         self.rounds[ON_INDUCTOR].append(seconds[ON_INDUCTOR])
         self.rounds[self.leader].append(seconds[self.leader])
         faster = inductor_wins(self.rounds[ON_INDUCTOR], self.rounds[self.leader], margin)
@@ -294,11 +293,11 @@ class InPlaceTrial:
 
     def _finish(self, winner: str, on_inductor: str | None = None) -> None:
         decision: dict[str, Any] = {side: autotune.format_seconds(s) for side, s in self.first_round.items()}
-        label = self.on_inductor.label
+        label = self.inductor_side.label
         if on_inductor is not None:
             decision[label] = on_inductor
         decision["winner"] = label if winner == ON_INDUCTOR else winner
-        if self.on_inductor.routed_on_inductor:
+        if self.inductor_side.routed_on_inductor:
             decision[ROUTED_ON_INDUCTOR] = True
         if winner == AS_TRACED:
             routed_s, traced_s = self.first_round[AS_ROUTED], self.first_round[AS_TRACED]
@@ -310,7 +309,7 @@ class InPlaceTrial:
         """This call, run as routed, untimed, and inductor's side compiled for its
         inputs (``trial_inductor.InductorSide.compile``); where nothing is left to
         compile, the leader wins, and the reasons are kept."""
-        out, side, failed = self.on_inductor.compile(self.sides[AS_ROUTED], args)
+        out, side, failed = self.inductor_side.compile(self.sides[AS_ROUTED], args)
         if side is not None:
             self.sides[ON_INDUCTOR] = side
         elif failed is not None:
@@ -326,7 +325,7 @@ class InPlaceTrial:
         line = ", ".join(f"{labels.get(side, side)} {decision[side]}" for side in sides if side in decision)
         line += " (cached)" if cached else ""
         winner = decision["winner"]
-        program, whole = self.on_inductor.forget()
+        program = self.inductor_side.forget()
         if winner == PLAIN_INDUCTOR:
             reason = (
                 f"the graph compiled as plain inductor compiles it, faster in place by measurement: {line}"
@@ -354,7 +353,8 @@ class InPlaceTrial:
             for runner in self.runners:
                 runner.run.measured[IN_PLACE] = line
             reason = f"compiled whole by inductor, faster in place by measurement: {line}"
-            run_whole_on_inductor(self.stitched[0], None if cached else whole, reason, self.config)
+            whole = program if not cached and callable(program) else None
+            run_whole_on_inductor(self.stitched[0], whole, reason, self.config)
             log.info("graph in-place trial: %s won (%s)", winner, line)
             self.chosen = self.sides[AS_ROUTED]
             self.sides = {winner: self.chosen}

@@ -60,15 +60,12 @@ class InductorSide:
         self.enabled = enabled and any(r.chain[0] == CUTTING_ROUTE for r in self.runners)
         self.label = ON_INDUCTOR
         self.program: dict[str, CompiledFn] | CompiledFn | None = None
-        #: the graph compiled whole by inductor, where it was (``program`` then runs it)
-        self.whole: CompiledFn | None = None
 
-    def forget(self) -> tuple[dict[str, CompiledFn] | CompiledFn | None, CompiledFn | None]:
-        """``program`` and ``whole``, dropped here: the trial has decided, and the
-        winner keeps what it runs."""
-        kept = self.program, self.whole
-        self.program = self.whole = None
-        return kept
+    def forget(self) -> dict[str, CompiledFn] | CompiledFn | None:
+        """``program``, dropped here: the trial has decided, and the winner keeps
+        what it runs."""
+        program, self.program = self.program, None
+        return program
 
     @property
     def routed_on_inductor(self) -> bool:
@@ -133,7 +130,7 @@ class InductorSide:
             (stitched,) = self.stitched
             whole, why_not = whole_graph_on_inductor(stitched, graph_args, self.config)
             if whole is not None:
-                self.whole = self.program = whole
+                self.program = whole
                 self.label = WHOLE_ON_INDUCTOR
                 return out, with_forward_swapped(stitched, whole, routed), None
             for runner in self.runners:
