@@ -11,6 +11,7 @@ instead of setting the bar.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,28 @@ def fp64_truth(run: Callable[[], Any]) -> Any:
         return run()
     except (RuntimeError, NotImplementedError):
         return None
+
+
+def fp64_inference(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:
+    """The truth for an inference cell: a copy of ``model`` run in float64, or None (``fp64_truth``)."""
+    return fp64_truth(
+        lambda: copy.deepcopy(model).double()(*(t.double() if t.is_floating_point() else t for t in inputs))
+    )
+
+
+def inference_accurate_now(
+    call: Callable[[], Any], model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dtype: torch.dtype
+) -> bool:
+    """Whether ``call`` (a column's compiled ``model`` on ``inputs``) still matches
+    eager, judged as the first call was, after the calls a column decides on: auto's
+    trials swap in other programs up to the 165th call, a CUDA graph replays into
+    buffers it reuses, and neither shows on the first call. Against eager on
+    ``inputs`` as they are now (a model may update its input in place); run under
+    the cell's grad mode."""
+    now = tuple(t.clone() for t in inputs)
+    fp64 = fp64_inference(model, now)
+    reference = copy.deepcopy(model)(*(t.clone() for t in now))
+    return accurate(reference, fp64, call(), dtype)
 
 
 def floating_leaves(out: Any) -> list[torch.Tensor]:

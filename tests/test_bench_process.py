@@ -150,6 +150,71 @@ def test_a_zoo_cell_is_warmed_up_before_its_first_timed_batch(monkeypatch):
     assert zoo_worker._warmed_up(lambda: calls.append(1), lambda: None)["warm_up_calls"] == 0
 
 
+@pytest.mark.parametrize("mode", ["infer", "train"])
+@pytest.mark.parametrize("goes_wrong", [False, True])
+def test_a_zoo_cell_judges_its_accuracy_again_once_warmed_up_and_timed(
+    monkeypatch, capsys, tmp_path, mode, goes_wrong
+):
+    """auto's trials swap programs up to the 165th call; a program that is right on
+    the first call and wrong after is the cell's failure, as the worker ends."""
+    import io
+    import json
+    import types
+
+    import torch
+
+    from benchmarks.zoo import worker
+
+    def compiled(column, model):
+        calls = []
+
+        def forward(*args):
+            calls.append(1)
+            out = model(*args)
+            return out * 1.01 if goes_wrong and len(calls) > 2 else out
+
+        return forward
+
+    torch.manual_seed(0)
+    tiny = types.SimpleNamespace(build=lambda: (torch.nn.Linear(8, 8), (torch.randn(4, 8),)))
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "DISPATCH_CACHE_DIR"):
+        monkeypatch.setenv(variable, str(tmp_path))  # restored after the test
+    monkeypatch.setattr(worker, "EVERY_MODEL", {"tiny": tiny})
+    monkeypatch.setattr(worker.columns, "compiled", compiled)
+    monkeypatch.setattr(worker, "WARM_UP_CALLS", 3)
+    monkeypatch.setattr("sys.stdin", io.StringIO("go\n2\nquit\n"))
+    monkeypatch.setattr("sys.__stdout__", io.StringIO())
+    worker.main("tiny", "eager", mode, "cpu", "float32", str(tmp_path))
+
+    def reported(prefix, text):
+        return json.loads(next(x for x in text.splitlines() if x.startswith(prefix))[len(prefix) :])
+
+    ready = reported("ZOO_READY ", capsys.readouterr().out)
+    final = reported("BENCH_RSS ", worker.sys.__stdout__.getvalue())
+    assert ready["accurate"] is True  # the first call was right either way
+    assert final["accurate_after_warm_up"] is (not goes_wrong)
+
+
+def test_a_zoo_cell_wrong_after_its_warm_up_fails_with_the_reason(monkeypatch):
+    import benchmarks.zoo.run as zoo_run
+
+    class WrongLater(_FakeCell):
+        def close(self) -> float:
+            peak = super().close()
+            if self.args[1] == "auto":
+                self.final["accurate_after_warm_up"] = False
+            return peak
+
+    monkeypatch.setattr(zoo_run, "Worker", WrongLater)
+    monkeypatch.setattr(zoo_run, "WARM", ())
+    _FakeCell.started = []
+    row = zoo_run.run_model("inplace_input", "infer", ("eager", "auto"), _zoo_args(processes=1))
+    eager, auto = row["cells"]["eager"], row["cells"]["auto"]
+    assert eager["ok"] and eager["error"] is None
+    assert not auto["ok"] and auto["accurate"] is True and auto["accurate_after_warm_up"] is False
+    assert auto["error"] == "after the warm-up: differs from float32 eager beyond the dashboard's tolerance"
+
+
 def _zoo_cell(per_call_s, compile_s=0.1, warm_compile_s=None, ok=True):
     return {
         "ok": ok,

@@ -1,5 +1,7 @@
 """The benchmarks' accuracy judge: the dashboard's rule, against eager in the cell's dtype."""
 
+import copy
+
 import torch
 
 from benchmarks.accuracy import accurate, fp64_truth
@@ -92,3 +94,30 @@ def test_a_model_with_no_float64_run_is_judged_by_cosine_similarity():
     assert truth is None
     assert accurate(fp32, truth, fp32 + 1e-6, torch.float32)
     assert not accurate(fp32, truth, torch.flip(fp32, [0]), torch.float32)
+
+
+class _Doubles(torch.nn.Module):
+    """Doubles its input in place, then computes on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        x.mul_(2)
+        return self.l(x) + 1
+
+
+def test_accuracy_judged_again_catches_a_program_that_goes_wrong_after_its_first_call():
+    """A trial swaps programs after the first call; the check at a cell's end runs
+    what is running then, against eager on the input as it is now."""
+    from benchmarks.accuracy import inference_accurate_now
+
+    torch.manual_seed(0)
+    model, inputs = _Doubles(), (torch.randn(4, 8),)
+    eager = copy.deepcopy(model)
+    with torch.no_grad():
+        for _ in range(3):  # the input has been doubled in place three times by now
+            model(*inputs)
+        assert inference_accurate_now(lambda: model(*inputs), eager, inputs, torch.float32)
+        assert not inference_accurate_now(lambda: model(*inputs) * 1.01, eager, inputs, torch.float32)

@@ -68,16 +68,19 @@ def inference(column: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, .
     return lambda: fn(*inputs)
 
 
-def training(column: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
-    """One step: forward, a loss over every floating output, backward, SGD."""
-    fn = compiled(column, model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+class TrainingStep:
+    """One step: forward, a loss over every floating output, backward, SGD.
+    ``forward`` is the model as the column compiled it, for a check of its
+    gradients once the column's own decisions are made."""
 
-    def step() -> Any:
-        optimizer.zero_grad(set_to_none=True)
-        loss = sum(t.float().mean() for t in floating_leaves(fn(*inputs)))
+    def __init__(self, column: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        self.forward = compiled(column, model)
+        self.inputs = inputs
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def __call__(self) -> Any:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = sum(t.float().mean() for t in floating_leaves(self.forward(*self.inputs)))
         loss.backward()
-        optimizer.step()
+        self.optimizer.step()
         return loss.detach()
-
-    return step

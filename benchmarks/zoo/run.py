@@ -109,10 +109,12 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
         ready = first.ready  # the first process's compile, accuracy and routes
         runs = [medians[_key(column, k)] for k in range(processes) if _key(column, k) in medians]
         peak = [m for k in range(processes) if (m := peaks[_key(column, k)]) is not None]
+        after = first.final.get("accurate_after_warm_up")  # None where it never ran
         cells[column] = {
-            "ok": bool(ready.get("ok")) and bool(runs),
-            "error": ready.get("error"),
+            "ok": bool(ready.get("ok")) and bool(runs) and after is not False,
+            "error": ready.get("error") or _error_after_warm_up(first.final, args.dtype),
             "accurate": ready.get("accurate"),
+            "accurate_after_warm_up": after,
             # The fastest process's median: a process's own speed moved host-bound
             # columns by up to 1.5x on an H200 (benchmarks/results/gpu-h200-20261126-2.md).
             "per_call_s": min(runs) if runs else None,
@@ -126,6 +128,14 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
             "warm_up_s": first.final.get("warm_up_s"),
         }
     return {"model": name, "mode": mode, "source": EVERY_MODEL[name].source, "cells": cells}
+
+
+def _error_after_warm_up(final: dict[str, Any], dtype: str) -> str | None:
+    """Why a cell that was accurate on its first call failed when judged again at its end."""
+    if final.get("accurate_after_warm_up") is not False:
+        return None
+    why = final.get("error_after_warm_up") or f"differs from {dtype} eager beyond the dashboard's tolerance"
+    return f"after the warm-up: {why}"
 
 
 def _key(column: str, replica: int) -> str:

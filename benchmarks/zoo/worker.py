@@ -10,7 +10,8 @@ its device, with an fp64 run as the truth: in float32 that is fp32 eager; in
 bfloat16 a result passes when it is about as close to fp64 as bfloat16 eager
 is), prints ``ZOO_READY {json}``, then answers timing requests on stdin as
 ``benchmarks.worker`` does, after ``WARM_UP_CALLS`` untimed calls (``_warmed_up``);
-on ``quit`` it reports the warm-up's length and the routes as they ran last.
+on ``quit`` it reports the warm-up's length, the routes as they ran last, and
+its accuracy judged again (the program auto's trials left running).
 Once the cell is built, before it compiles, it prints ``WORKER_LOADED`` and
 waits for ``go`` (``Worker.release``).
 """
@@ -35,7 +36,7 @@ from dispatch.graph_trial import LONGEST_TRIAL_CALLS
 from dispatch.record import recorder
 from dispatch.region import region_table
 
-from ..accuracy import accurate, floating_leaves, fp64_truth
+from ..accuracy import accurate, floating_leaves, fp64_inference, fp64_truth, inference_accurate_now
 from ..process import LOADED, collect_set_up_garbage
 from . import columns
 from .wider import EVERY_MODEL
@@ -52,13 +53,6 @@ def moved(model, inputs, device, dtype):
     model = model.to(device=device, dtype=dtype)
     return model, tuple(
         t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype) for t in inputs
-    )
-
-
-def fp64_inference(model, inputs):
-    """The truth for an inference cell: a copy of ``model`` run in float64, or None (``fp64_truth``)."""
-    return fp64_truth(
-        lambda: copy.deepcopy(model).double()(*(t.double() if t.is_floating_point() else t for t in inputs))
     )
 
 
@@ -79,11 +73,43 @@ def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _gradients(model, inputs, column):
+    return _gradients_of(model, columns.compiled(column, model), inputs)
+
+
+def _gradients_of(model, forward, inputs):
+    """``model``'s gradients of the zoo's loss, with ``forward`` (``model`` as a column runs it)."""
     model.zero_grad(set_to_none=True)
-    fn = columns.compiled(column, model)
-    loss = sum(t.float().mean() for t in floating_leaves(fn(*inputs)))
+    loss = sum(t.float().mean() for t in floating_leaves(forward(*inputs)))
     loss.backward()
     return [p.grad.cpu() for p in model.parameters() if p.grad is not None]
+
+
+def _double(inputs):
+    return tuple(t.double() if t.is_floating_point() else t for t in inputs)
+
+
+def _training_accurate_now(step: columns.TrainingStep, model, inputs, dtype) -> bool:
+    """``inference_accurate_now`` for a training cell: the gradients of the column's
+    compiled forward, once its decisions are made, against eager's on the weights
+    the steps so far have left."""
+    fp64 = fp64_truth(lambda: _gradients(copy.deepcopy(model).double(), _double(inputs), "eager"))
+    reference = _gradients(copy.deepcopy(model), inputs, "eager")
+    return accurate(reference, fp64, _gradients_of(model, step.forward, inputs), dtype)
+
+
+def _accurate_after_warm_up(fn, model, inputs, mode: str, dtype) -> dict:
+    """The cell's accuracy judged again once it has been warmed up and timed; an
+    error in that call is the cell's error."""
+    try:
+        with redirect_stdout(io.StringIO()):
+            if mode == "train":
+                ok = _training_accurate_now(fn, model, inputs, dtype)
+            else:
+                ok = inference_accurate_now(fn, model, inputs, dtype)
+    except Exception as error:
+        traceback.print_exc()
+        return {"accurate_after_warm_up": False, "error_after_warm_up": error_line(error, 300)}
+    return {"accurate_after_warm_up": ok}
 
 
 def _peak_mb(device: str) -> float:
@@ -140,11 +166,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
         with redirect_stdout(io.StringIO()):  # models that print
             if mode == "train":
                 ref64 = fp64_truth(
-                    lambda: _gradients(
-                        copy.deepcopy(model).double(),
-                        tuple(t.double() if t.is_floating_point() else t for t in inputs),
-                        "eager",
-                    )
+                    lambda: _gradients(copy.deepcopy(model).double(), _double(inputs), "eager")
                 )
                 model, inputs = moved(model, inputs, device, dtype)
                 ref_grads = _gradients(copy.deepcopy(model), inputs, "eager")
@@ -155,7 +177,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
                     sync()
                 report["compile_s"] = time.perf_counter() - start
                 report["accurate"] = accurate(ref_grads, ref64, grads, dtype)
-                fn = columns.training(column, model, inputs)
+                fn = columns.TrainingStep(column, model, inputs)
             else:
                 with torch.no_grad():
                     model.eval()
@@ -210,6 +232,9 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
             sys.__stdout__.flush()
     # The routes as they run now: a trial may have moved regions since the first call.
     final = {"peak_rss_mb": _peak_mb(device), **warm_up, "routes": _routes(plans)}
+    if warm_up:  # after the peak is read: the check holds copies of the model
+        with context:
+            final.update(_accurate_after_warm_up(fn, model, inputs, mode, dtype))
     sys.__stdout__.write("BENCH_RSS " + json.dumps(final) + "\n")
     sys.__stdout__.flush()
 
