@@ -342,17 +342,27 @@ def test_in_turn_rotates_the_columns_each_round_on_fresh_caches_and_reports_a_fa
         if column == "broken":
             raise ValueError("no such column")
         caches.append(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-        return lambda: (order.append(column), model(*inputs))[1]
+        calls = []
+
+        def call():  # b is right on its first call only, as a bad trial or replay would be
+            order.append(column)
+            calls.append(1)
+            return model(*inputs) * (1.01 if column == "b" and len(calls) > 1 else 1)
+
+        return call
 
     monkeypatch.setattr(in_turn.columns, "inference", inference)
     row = in_turn.model_row("graph_break", "cpu", torch.float32, ("a", "broken", "b"), profiled=1)
 
     assert row["columns"]["broken"] == {"error": "ValueError: no such column"}
     assert all(row["columns"][c]["accurate"] and row["columns"][c]["us"] > 0 for c in "ab")
+    assert row["columns"]["a"]["accurate_after_timing"] is True
+    assert row["columns"]["b"]["accurate_after_timing"] is False
     assert len(set(caches)) == 2 and str(tmp_path) not in caches
     timed = order[4:16]  # after each column's first call and warm-up
     assert timed == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
-    assert order[16:] == ["a", "b"] and set(row["profiles"]) == {"a", "b"}
+    assert order[16:18] == ["a", "b"]  # each judged again
+    assert order[18:] == ["a", "b"] and set(row["profiles"]) == {"a", "b"}
     assert "aten::mean" in row["profiles"]["a"]  # the model's own ops, as the profiler saw them
 
 
@@ -448,3 +458,68 @@ def test_a_child_process_gets_no_dispatch_setting_of_the_user(monkeypatch):
     env = child_env(DISPATCH_CACHE_DIR="/tmp/x")
     assert "DISPATCH_ROUTE" not in env and "PYTHONDONTWRITEBYTECODE" not in env
     assert env["DISPATCH_CACHE_DIR"] == "/tmp/x" and env["PATH"] == os.environ["PATH"]
+
+
+@pytest.mark.parametrize("goes_wrong", [False, True])
+def test_a_bench_column_is_judged_again_after_its_timed_calls(monkeypatch, capsys, tmp_path, goes_wrong):
+    """``nox -s bench``: a column right on its first call and wrong later (a trial's
+    program) reports it as it ends, and the report fails that column."""
+    import io
+    import json
+
+    import torch
+
+    from benchmarks import worker
+
+    def make(column, model, inputs):
+        calls = []
+
+        def call():
+            calls.append(1)
+            return model(*inputs) * (1.01 if goes_wrong and len(calls) > 2 else 1)
+
+        return call
+
+    torch.manual_seed(0)
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "DISPATCH_CACHE_DIR"):
+        monkeypatch.setenv(variable, str(tmp_path))  # restored after the test
+    monkeypatch.setattr(worker, "build", lambda name: (torch.nn.Linear(8, 8), (torch.randn(4, 8),)))
+    monkeypatch.setattr(worker.columns, "make", make)
+    monkeypatch.setattr("sys.stdin", io.StringIO("2\nquit\n"))
+    worker.main("tiny", "auto", str(tmp_path))
+
+    lines = capsys.readouterr().out.splitlines()
+    ready = json.loads(next(x for x in lines if x.startswith("BENCH_READY "))[len("BENCH_READY ") :])
+    final = json.loads(next(x for x in lines if x.startswith("BENCH_RSS "))[len("BENCH_RSS ") :])
+    assert ready["ok"] is True
+    assert (final["error_after_timing"] is None) is (not goes_wrong)
+    if goes_wrong:
+        assert final["error_after_timing"].startswith("accuracy: max error")
+
+
+def test_the_bench_report_fails_a_column_wrong_after_timing(monkeypatch):
+    import benchmarks.run as bench_run
+    from benchmarks.columns import COLUMNS
+
+    class Column:
+        def __init__(self, model, column, cache_dir):
+            self.column = column
+            self.ready = {"ok": True, "compile_s": 1.0, "routes": []}
+            self.final = {}
+
+        def time(self, calls):
+            return 1e-3
+
+        def close(self):
+            wrong = "accuracy: max error 1e-01 against fp64" if self.column == "auto" else None
+            self.final = {"peak_rss_mb": 100.0, "error_after_timing": wrong}
+            return 100.0
+
+    monkeypatch.setattr(bench_run, "_Worker", Column)
+    monkeypatch.setattr(bench_run, "peak_gemm_flops", lambda: (None, None))
+    result = bench_run.run(["tiny_mlp"], seconds=0.0)
+    cols = result["rows"][0]["columns"]
+    assert set(cols) == set(COLUMNS)
+    assert not cols["auto"]["ok"]
+    assert cols["auto"]["error"] == "after timing: accuracy: max error 1e-01 against fp64"
+    assert cols["eager"]["ok"] and cols["eager"]["error"] is None

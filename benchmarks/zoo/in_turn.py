@@ -32,10 +32,10 @@ from typing import Any
 
 import torch
 
-from ..accuracy import accurate
+from ..accuracy import accurate, fp64_inference, inference_accurate_now
 from . import columns
 from .wider import EVERY_MODEL
-from .worker import fp64_inference, moved
+from .worker import moved
 
 # The floor (Dynamo with a backend that runs its graphs as traced) is the bar for
 # graph-break code, whose Dynamo frames cost more than its kernels.
@@ -79,9 +79,11 @@ def profile_table(fn: Any, calls: int, device: str) -> str:
 def model_row(
     name: str, device: str, dtype: torch.dtype, chosen: tuple[str, ...], profiled: int = 0
 ) -> dict[str, Any]:
-    """One model's columns: compile time, accuracy, the memory its compile and
-    warm-up added, and the median per-call time of batches taken in turn; with
-    ``profiled`` calls, each column's profiler table under ``row["profiles"]``."""
+    """One model's columns: compile time, accuracy (on the first call, and again
+    after the timed calls: a CUDA graph's replays and auto's trials come after
+    the first), the memory its compile and warm-up added, and the median per-call
+    time of batches taken in turn; with ``profiled`` calls, each column's
+    profiler table under ``row["profiles"]``."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     model, inputs = EVERY_MODEL[name].build()
     model.eval()
@@ -124,6 +126,13 @@ def model_row(
                     fn()
                 sync()
                 samples[column].append((time.perf_counter() - start) / CALLS * 1e6)
+        for column, fn in runs.items():  # once replayed and past auto's trials
+            try:
+                ok = inference_accurate_now(fn, model, inputs, dtype)
+            except Exception as error:
+                row["columns"][column]["error"] = f"after timing: {type(error).__name__}: {str(error)[:300]}"
+                ok = False
+            row["columns"][column]["accurate_after_timing"] = ok
         if profiled:
             row["profiles"] = {c: profile_table(fn, profiled, device) for c, fn in runs.items()}
     for column, times in samples.items():
