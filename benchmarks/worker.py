@@ -10,8 +10,9 @@ fails it is reported failed, never timed, and never the best peer), prints one
 ``BENCH_READY {json}`` line, then serves timing requests on stdin: a line ``N``
 runs N calls and answers ``BENCH_TIME seconds``; ``quit`` ends it with
 ``BENCH_RSS {json}``: peak memory, and the output judged again (auto's trials
-swap in other programs after the first call). A column lives alone in its process so that no other runtime's thread
-pool (torch's OpenMP workers, another ORT session) spins beside it.
+swap in other programs after the first call). A column lives alone in its
+process so that no other runtime's thread pool (torch's OpenMP workers, another
+ORT session) spins beside it.
 """
 
 from __future__ import annotations
