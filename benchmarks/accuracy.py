@@ -52,15 +52,27 @@ def fp64_inference(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> 
     )
 
 
+def give_new_values(inputs: tuple[torch.Tensor, ...]) -> None:
+    """Each input rolled by one along its last dimension, in place: the same
+    shapes, dtypes and values (token ids stay in the vocabulary, a mask stays a
+    mask) in other places, as a service's next request brings. A program that
+    kept an input's values, or an output, from an earlier call is then wrong."""
+    with torch.no_grad():
+        for t in inputs:
+            if t.dim() and t.shape[-1] > 1:
+                t.copy_(t.roll(1, -1))
+
+
 def inference_accurate_now(
     call: Callable[[], Any], model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dtype: torch.dtype
 ) -> bool:
     """Whether ``call`` (a column's compiled ``model`` on ``inputs``) still matches
     eager, judged as the first call was, after the calls a column decides on: auto's
     trials swap in other programs up to the 165th call, a CUDA graph replays into
-    buffers it reuses, and neither shows on the first call. Against eager on
-    ``inputs`` as they are now (a model may update its input in place); run under
-    the cell's grad mode."""
+    buffers it reuses, and neither shows on the first call. Judged on new values
+    of ``inputs`` (``give_new_values``), against eager on them as they are then (a
+    model may update its input in place); run under the cell's grad mode."""
+    give_new_values(inputs)
     now = tuple(t.clone() for t in inputs)
     fp64 = fp64_inference(model, now)
     reference = copy.deepcopy(model)(*(t.clone() for t in now))

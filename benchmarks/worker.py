@@ -9,8 +9,8 @@ fp32 eager by the dashboard's rule (``benchmarks/accuracy.py``; a column that
 fails it is reported failed, never timed, and never the best peer), prints one
 ``BENCH_READY {json}`` line, then serves timing requests on stdin: a line ``N``
 runs N calls and answers ``BENCH_TIME seconds``; ``quit`` ends it with
-``BENCH_RSS {json}``: peak memory, and the output judged again (auto's trials
-swap in other programs after the first call). A column lives alone in its
+``BENCH_RSS {json}``: peak memory, and the output judged again on new input
+values (auto's trials swap in other programs after the first call). A column lives alone in its
 process so that no other runtime's thread pool (torch's OpenMP workers, another
 ORT session) spins beside it.
 """
@@ -32,7 +32,7 @@ from dispatch.errors import error_line
 from dispatch.record import recorder
 
 from . import columns
-from .accuracy import accurate
+from .accuracy import accurate, give_new_values
 from .models import build
 from .process import collect_set_up_garbage
 
@@ -120,7 +120,10 @@ def main(model_name: str, column: str, cache_dir: str | None = None) -> None:
             timed = True
             print(f"BENCH_TIME {time.perf_counter() - start}", flush=True)
         final = {"peak_rss_mb": _peak_rss_mb()}
-        if timed:  # judged again: auto's trials swap programs after the first call
+        if timed:  # judged again, on new input values: auto's trials swap programs after the first call
+            give_new_values(inputs)
+            fp64 = copy.deepcopy(model).double()(*(t.double() for t in inputs))
+            expected = model(*inputs)
             try:
                 final["error_after_timing"] = accuracy_error(fn(), expected, fp64)
             except Exception as error:

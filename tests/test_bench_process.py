@@ -151,12 +151,13 @@ def test_a_zoo_cell_is_warmed_up_before_its_first_timed_batch(monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["infer", "train"])
-@pytest.mark.parametrize("goes_wrong", [False, True])
+@pytest.mark.parametrize("program", ["right", "wrong later", "keeps its first inputs"])
 def test_a_zoo_cell_judges_its_accuracy_again_once_warmed_up_and_timed(
-    monkeypatch, capsys, tmp_path, mode, goes_wrong
+    monkeypatch, capsys, tmp_path, mode, program
 ):
     """auto's trials swap programs up to the 165th call; a program that is right on
-    the first call and wrong after is the cell's failure, as the worker ends."""
+    the first call and wrong after, or right only on the inputs it first saw, is
+    the cell's failure, as the worker ends."""
     import io
     import json
     import types
@@ -169,9 +170,11 @@ def test_a_zoo_cell_judges_its_accuracy_again_once_warmed_up_and_timed(
         calls = []
 
         def forward(*args):
-            calls.append(1)
+            calls.append(tuple(t.clone() for t in args))
+            if program == "keeps its first inputs":
+                return model(*calls[0])
             out = model(*args)
-            return out * 1.01 if goes_wrong and len(calls) > 2 else out
+            return out * 1.01 if program == "wrong later" and len(calls) > 2 else out
 
         return forward
 
@@ -192,7 +195,7 @@ def test_a_zoo_cell_judges_its_accuracy_again_once_warmed_up_and_timed(
     ready = reported("ZOO_READY ", capsys.readouterr().out)
     final = reported("BENCH_RSS ", worker.sys.__stdout__.getvalue())
     assert ready["accurate"] is True  # the first call was right either way
-    assert final["accurate_after_warm_up"] is (not goes_wrong)
+    assert final["accurate_after_warm_up"] is (program == "right")
 
 
 def test_a_zoo_cell_wrong_after_its_warm_up_fails_with_the_reason(monkeypatch):
@@ -460,10 +463,11 @@ def test_a_child_process_gets_no_dispatch_setting_of_the_user(monkeypatch):
     assert env["DISPATCH_CACHE_DIR"] == "/tmp/x" and env["PATH"] == os.environ["PATH"]
 
 
-@pytest.mark.parametrize("goes_wrong", [False, True])
-def test_a_bench_column_is_judged_again_after_its_timed_calls(monkeypatch, capsys, tmp_path, goes_wrong):
+@pytest.mark.parametrize("program", ["right", "wrong later", "keeps its first output"])
+def test_a_bench_column_is_judged_again_after_its_timed_calls(monkeypatch, capsys, tmp_path, program):
     """``nox -s bench``: a column right on its first call and wrong later (a trial's
-    program) reports it as it ends, and the report fails that column."""
+    program), or right only on the inputs it first saw, reports it as it ends, and
+    the report fails that column."""
     import io
     import json
 
@@ -475,8 +479,10 @@ def test_a_bench_column_is_judged_again_after_its_timed_calls(monkeypatch, capsy
         calls = []
 
         def call():
-            calls.append(1)
-            return model(*inputs) * (1.01 if goes_wrong and len(calls) > 2 else 1)
+            calls.append(model(*inputs))
+            if program == "keeps its first output":
+                return calls[0]
+            return calls[-1] * (1.01 if program == "wrong later" and len(calls) > 2 else 1)
 
         return call
 
@@ -492,8 +498,8 @@ def test_a_bench_column_is_judged_again_after_its_timed_calls(monkeypatch, capsy
     ready = json.loads(next(x for x in lines if x.startswith("BENCH_READY "))[len("BENCH_READY ") :])
     final = json.loads(next(x for x in lines if x.startswith("BENCH_RSS "))[len("BENCH_RSS ") :])
     assert ready["ok"] is True
-    assert (final["error_after_timing"] is None) is (not goes_wrong)
-    if goes_wrong:
+    assert (final["error_after_timing"] is None) is (program == "right")
+    if program != "right":
         assert final["error_after_timing"].startswith("accuracy: max error")
 
 

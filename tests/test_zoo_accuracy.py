@@ -121,3 +121,27 @@ def test_accuracy_judged_again_catches_a_program_that_goes_wrong_after_its_first
             model(*inputs)
         assert inference_accurate_now(lambda: model(*inputs), eager, inputs, torch.float32)
         assert not inference_accurate_now(lambda: model(*inputs) * 1.01, eager, inputs, torch.float32)
+
+
+class _Embeds(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.l = torch.nn.Embedding(6, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x, ids):
+        return self.l(x) + self.embed(ids)
+
+
+def test_accuracy_judged_again_runs_on_new_input_values():
+    """A program that kept its first output (or an input's values) is right on the
+    inputs it was traced with and wrong on the next request's."""
+    from benchmarks.accuracy import inference_accurate_now
+
+    torch.manual_seed(0)
+    model = _Embeds()
+    x, ids = torch.randn(2, 3, 8), torch.arange(6).reshape(2, 3)
+    with torch.no_grad():
+        first = model(x, ids)
+        assert not inference_accurate_now(lambda: first, model, (x, ids), torch.float32)
+        assert inference_accurate_now(lambda: model(x, ids), model, (x, ids), torch.float32)
+    assert ids.tolist() == [[1, 2, 0], [4, 5, 3]]  # rolled twice: the same values, other places

@@ -36,7 +36,14 @@ from dispatch.graph_trial import LONGEST_TRIAL_CALLS
 from dispatch.record import recorder
 from dispatch.region import region_table
 
-from ..accuracy import accurate, floating_leaves, fp64_inference, fp64_truth, inference_accurate_now
+from ..accuracy import (
+    accurate,
+    floating_leaves,
+    fp64_inference,
+    fp64_truth,
+    give_new_values,
+    inference_accurate_now,
+)
 from ..process import LOADED, collect_set_up_garbage
 from . import columns
 from .wider import EVERY_MODEL
@@ -90,8 +97,9 @@ def _double(inputs):
 
 def _training_accurate_now(step: columns.TrainingStep, model, inputs, dtype) -> bool:
     """``inference_accurate_now`` for a training cell: the gradients of the column's
-    compiled forward, once its decisions are made, against eager's on the weights
-    the steps so far have left."""
+    compiled forward, once its decisions are made, on new input values, against
+    eager's on the weights the steps so far have left."""
+    give_new_values(inputs)
     fp64 = fp64_truth(lambda: _gradients(copy.deepcopy(model).double(), _double(inputs), "eager"))
     reference = _gradients(copy.deepcopy(model), inputs, "eager")
     return accurate(reference, fp64, _gradients_of(model, step.forward, inputs), dtype)
