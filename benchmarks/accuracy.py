@@ -47,9 +47,12 @@ def fp64_truth(run: Callable[[], Any]) -> Any:
 
 def fp64_inference(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:
     """The truth for an inference cell: a copy of ``model`` run in float64, or None (``fp64_truth``)."""
-    return fp64_truth(
-        lambda: copy.deepcopy(model).double()(*(t.double() if t.is_floating_point() else t for t in inputs))
-    )
+    return fp64_truth(lambda: copy.deepcopy(model).double()(*in_float64(inputs)))
+
+
+def in_float64(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """``inputs`` with every floating tensor in float64 (token ids and masks keep theirs)."""
+    return tuple(t.double() if t.is_floating_point() else t for t in inputs)
 
 
 def give_new_values(inputs: tuple[torch.Tensor, ...]) -> None:

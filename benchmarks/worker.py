@@ -72,6 +72,11 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _references(model, inputs):
+    """What a column's output is judged against: ``model`` in float64, and in float32."""
+    return copy.deepcopy(model).double()(*(t.double() for t in inputs)), model(*inputs)
+
+
 def main(model_name: str, column: str, cache_dir: str | None = None) -> None:
     cache_dir = cache_dir or tempfile.mkdtemp(prefix="bench-cache-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
@@ -79,8 +84,7 @@ def main(model_name: str, column: str, cache_dir: str | None = None) -> None:
     model, inputs = build(model_name)
     _warm_up_process()
     with torch.no_grad():
-        fp64 = copy.deepcopy(model).double()(*(t.double() for t in inputs))
-        expected = model(*inputs)
+        fp64, expected = _references(model, inputs)
         collect_set_up_garbage()
         start = time.perf_counter()
         try:
@@ -122,9 +126,8 @@ def main(model_name: str, column: str, cache_dir: str | None = None) -> None:
         final = {"peak_rss_mb": _peak_rss_mb()}
         if timed:  # judged again, on new input values: auto's trials swap programs after the first call
             give_new_values(inputs)
-            fp64 = copy.deepcopy(model).double()(*(t.double() for t in inputs))
-            expected = model(*inputs)
             try:
+                fp64, expected = _references(model, inputs)
                 final["error_after_timing"] = accuracy_error(fn(), expected, fp64)
             except Exception as error:
                 final["error_after_timing"] = _short(error)

@@ -529,3 +529,35 @@ def test_the_bench_report_fails_a_column_wrong_after_timing(monkeypatch):
     assert not cols["auto"]["ok"]
     assert cols["auto"]["error"] == "after timing: accuracy: max error 1e-01 against fp64"
     assert cols["eager"]["ok"] and cols["eager"]["error"] is None
+
+
+def test_a_bench_column_whose_second_check_cannot_run_reports_why(monkeypatch, capsys, tmp_path):
+    """An error while judging again (eager on the new values included) is the
+    column's reported error, and the worker still ends with its BENCH_RSS line."""
+    import io
+    import json
+
+    import torch
+
+    from benchmarks import worker
+
+    references = worker._references
+    calls = []
+
+    def failing_later(model, inputs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("eager cannot run these values")
+        return references(model, inputs)
+
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "DISPATCH_CACHE_DIR"):
+        monkeypatch.setenv(variable, str(tmp_path))  # restored after the test
+    monkeypatch.setattr(worker, "build", lambda name: (torch.nn.Linear(8, 8), (torch.randn(4, 8),)))
+    monkeypatch.setattr(worker.columns, "make", lambda column, model, inputs: lambda: model(*inputs))
+    monkeypatch.setattr(worker, "_references", failing_later)
+    monkeypatch.setattr("sys.stdin", io.StringIO("2\nquit\n"))
+    worker.main("tiny", "auto", str(tmp_path))
+
+    lines = capsys.readouterr().out.splitlines()
+    final = json.loads(next(x for x in lines if x.startswith("BENCH_RSS "))[len("BENCH_RSS ") :])
+    assert "eager cannot run these values" in final["error_after_timing"]

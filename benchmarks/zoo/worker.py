@@ -42,6 +42,7 @@ from ..accuracy import (
     fp64_inference,
     fp64_truth,
     give_new_values,
+    in_float64,
     inference_accurate_now,
 )
 from ..process import LOADED, collect_set_up_garbage
@@ -91,8 +92,9 @@ def _gradients_of(model, forward, inputs):
     return [p.grad.cpu() for p in model.parameters() if p.grad is not None]
 
 
-def _double(inputs):
-    return tuple(t.double() if t.is_floating_point() else t for t in inputs)
+def _fp64_gradients(model, inputs):
+    """The truth for a training cell: a copy of ``model``'s gradients in float64, or None (``fp64_truth``)."""
+    return fp64_truth(lambda: _gradients(copy.deepcopy(model).double(), in_float64(inputs), "eager"))
 
 
 def _training_accurate_now(step: columns.TrainingStep, model, inputs, dtype) -> bool:
@@ -100,7 +102,7 @@ def _training_accurate_now(step: columns.TrainingStep, model, inputs, dtype) -> 
     compiled forward, once its decisions are made, on new input values, against
     eager's on the weights the steps so far have left."""
     give_new_values(inputs)
-    fp64 = fp64_truth(lambda: _gradients(copy.deepcopy(model).double(), _double(inputs), "eager"))
+    fp64 = _fp64_gradients(model, inputs)
     reference = _gradients(copy.deepcopy(model), inputs, "eager")
     return accurate(reference, fp64, _gradients_of(model, step.forward, inputs), dtype)
 
@@ -173,9 +175,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
     try:
         with redirect_stdout(io.StringIO()):  # models that print
             if mode == "train":
-                ref64 = fp64_truth(
-                    lambda: _gradients(copy.deepcopy(model).double(), _double(inputs), "eager")
-                )
+                ref64 = _fp64_gradients(model, inputs)
                 model, inputs = moved(model, inputs, device, dtype)
                 ref_grads = _gradients(copy.deepcopy(model), inputs, "eager")
                 _loaded()
