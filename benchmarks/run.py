@@ -36,17 +36,27 @@ def _Worker(model: str, column: str, cache_dir: str) -> Worker:
 WARM_STARTS = 3  # one warm process varied by up to 40% (0.69 to 0.97 s on the transformer layer)
 
 
-def _warm_start_s(model: str, column: str, cache_dir: str) -> float | None:
-    """Median compile time of ``WARM_STARTS`` later processes on the first one's caches."""
+def _warm_start_s(model: str, column: str, cache_dir: str) -> tuple[float | None, str | None]:
+    """Median compile time of ``WARM_STARTS`` later processes on the first one's
+    caches, or why one failed: each is a fresh-process round trip of what the caches
+    keep, judged on its first call and again after one more on new input values."""
     print(f"[bench] {model}: warm starts of {column} (later processes, same caches)", flush=True)
     times = []
     for _ in range(WARM_STARTS):
         worker = _Worker(model, column, cache_dir)
-        worker.close()
         if not worker.ready.get("ok"):
-            return None
+            worker.close()
+            return None, f"warm start: {worker.ready.get('error') or 'failed'}"
+        try:
+            worker.time(1)
+        except RuntimeError as died:
+            worker.close()
+            return None, f"warm start: {died}"
+        worker.close()
+        if after := worker.final.get("error_after_timing"):
+            return None, f"warm start, after timing: {after}"
         times.append(worker.ready["compile_s"])
-    return sorted(times)[len(times) // 2]
+    return sorted(times)[len(times) // 2], None
 
 
 def run(models: list[str], seconds: float) -> dict:
@@ -60,18 +70,22 @@ def run(models: list[str], seconds: float) -> dict:
         per_call = time_in_turn(workers, seconds)
         rss = {col: w.close() for col, w in workers.items()}
         warm = {col: _warm_start_s(name, col, caches[col]) for col in ("inductor", "auto", "auto_tuned")}
+        warm_s = {col: compile_s for col, (compile_s, _) in warm.items()}
+        warm_errors = {col: error for col, (_, error) in warm.items() if error}
         row = {"model": name, "columns": {}}
         for col in COLUMNS:
             ready = workers[col].ready
             after = workers[col].final.get("error_after_timing")  # None: still accurate, or not timed
             row["columns"][col] = {
-                "ok": bool(ready.get("ok")) and not after,
+                "ok": bool(ready.get("ok")) and not after and col not in warm_errors,
                 "per_call_s": per_call.get(col),
                 "compile_s": ready.get("compile_s"),
-                "warm_compile_s": warm.get(col),
+                "warm_compile_s": warm_s.get(col),
                 "max_error": ready.get("max_error"),
                 "peak_rss_mb": rss.get(col),
-                "error": ready.get("error") or (f"after timing: {after}" if after else None),
+                "error": ready.get("error")
+                or (f"after timing: {after}" if after else None)
+                or warm_errors.get(col),
                 "routes": ready.get("routes") or [],
                 "load_s": ready.get("load_s"),
             }

@@ -218,6 +218,67 @@ def test_a_zoo_cell_wrong_after_its_warm_up_fails_with_the_reason(monkeypatch):
     assert auto["error"] == "after the warm-up: differs from float32 eager beyond the dashboard's tolerance"
 
 
+@pytest.mark.parametrize("failure", ["compile", "after the warm-up", "died"])
+def test_a_zoo_cell_whose_warm_start_fails_fails_with_the_reason(monkeypatch, failure):
+    """A second process on the same caches (a fresh-process round trip of every
+    cache auto keeps) is judged as the first was: on its first call, and again
+    after its warm-up on new input values. Its failure used to leave only a
+    missing warm time behind, the cell passing."""
+    import benchmarks.zoo.run as zoo_run
+
+    class WrongWhenWarm(_FakeCell):
+        def release(self) -> None:
+            super().release()
+            if self.warm and failure == "compile":
+                self.ready = {"ok": False, "error": "RuntimeError: a stale entry"}
+
+        def time(self, calls: int) -> float:
+            if self.warm and failure == "died":
+                raise RuntimeError("worker died while timing")
+            return super().time(calls)
+
+        def close(self) -> float:
+            peak = super().close()
+            if self.warm and failure == "after the warm-up":
+                self.final["accurate_after_warm_up"] = False
+            return peak
+
+    monkeypatch.setattr(zoo_run, "Worker", WrongWhenWarm)
+    monkeypatch.setattr(zoo_run, "WARM", ("auto",))
+    _FakeCell.started = []
+    row = zoo_run.run_model("inplace_input", "infer", ("eager", "auto"), _zoo_args(processes=1))
+    eager, auto = row["cells"]["eager"], row["cells"]["auto"]
+    assert eager["ok"] and eager["error"] is None
+    assert not auto["ok"] and auto["accurate"] is True and auto["warm_compile_s"] is None
+    why = {
+        "compile": "warm start: RuntimeError: a stale entry",
+        "after the warm-up": "warm start, after the warm-up: differs from float32 eager beyond the"
+        " dashboard's tolerance",
+        "died": "warm start: worker died while timing",
+    }
+    assert auto["error"] == why[failure]
+
+
+def test_a_zoo_warm_start_is_warmed_up_and_judged_again(monkeypatch):
+    """The warm process runs its warm-up (a trial there may settle elsewhere than
+    the cold one did) before it ends, so its second check has run."""
+    import benchmarks.zoo.run as zoo_run
+
+    timed = []
+
+    class Counted(_FakeCell):
+        def time(self, calls: int) -> float:
+            timed.append((self.warm, calls))
+            return super().time(calls)
+
+    monkeypatch.setattr(zoo_run, "Worker", Counted)
+    monkeypatch.setattr(zoo_run, "WARM", ("auto",))
+    _FakeCell.started = []
+    row = zoo_run.run_model("inplace_input", "infer", ("eager", "auto"), _zoo_args(processes=1))
+    assert [calls for warm, calls in timed if warm] == [1]
+    assert row["cells"]["auto"]["ok"] and row["cells"]["auto"]["warm_compile_s"] == 9.0
+
+
 def _zoo_cell(per_call_s, compile_s=0.1, warm_compile_s=None, ok=True):
     return {
         "ok": ok,
@@ -529,6 +590,53 @@ def test_the_bench_report_fails_a_column_wrong_after_timing(monkeypatch):
     assert not cols["auto"]["ok"]
     assert cols["auto"]["error"] == "after timing: accuracy: max error 1e-01 against fp64"
     assert cols["eager"]["ok"] and cols["eager"]["error"] is None
+
+
+@pytest.mark.parametrize("failure", ["compile", "after timing"])
+def test_the_bench_report_fails_a_column_whose_warm_start_fails(monkeypatch, failure):
+    """A later process on the same caches fails the column where its first call, or
+    a call after it on new input values, is wrong: it used to leave only a missing
+    warm time."""
+    import benchmarks.run as bench_run
+
+    started: dict[str, int] = {}
+    timed: list[tuple[str, int]] = []
+
+    class Column:
+        def __init__(self, model, column, cache_dir):
+            self.column, self.final = column, {}
+            self.warm = started.get(cache_dir, 0)  # how many processes this cache saw before
+            started[cache_dir] = self.warm + 1
+            wrong = self.warm and column == "auto" and failure == "compile"
+            self.ready = (
+                {"ok": False, "error": "accuracy: max error 1e-01 against fp64"}
+                if wrong
+                else {"ok": True, "compile_s": 1.0 if not self.warm else 0.1, "routes": []}
+            )
+
+        def time(self, calls):
+            timed.append((self.column, self.warm))
+            return 1e-3
+
+        def close(self):
+            wrong = self.warm and self.column == "auto" and failure == "after timing"
+            self.final = {
+                "peak_rss_mb": 100.0,
+                "error_after_timing": "accuracy: max error 2e-01" if wrong else None,
+            }
+            return 100.0
+
+    monkeypatch.setattr(bench_run, "_Worker", Column)
+    monkeypatch.setattr(bench_run, "peak_gemm_flops", lambda: (None, None))
+    cols = bench_run.run(["tiny_mlp"], seconds=0.0)["rows"][0]["columns"]
+    assert not cols["auto"]["ok"] and cols["auto"]["warm_compile_s"] is None
+    why = {
+        "compile": "warm start: accuracy: max error 1e-01 against fp64",
+        "after timing": "warm start, after timing: accuracy: max error 2e-01",
+    }
+    assert cols["auto"]["error"] == why[failure]
+    assert cols["inductor"]["ok"] and cols["inductor"]["warm_compile_s"] == pytest.approx(0.1)
+    assert ("inductor", 1) in timed  # each warm start runs a call before it is judged again
 
 
 def test_a_bench_column_whose_second_check_cannot_run_reports_why(monkeypatch, capsys, tmp_path):

@@ -92,6 +92,7 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
         worker.quit()  # processes end together: a compile pool takes seconds to shut down
     peaks = {key: w.close() for key, w in workers.items()}
     warm: dict[str, float | None] = {}
+    warm_errors: dict[str, str] = {}
     if not args.no_warm:
         seconds = {
             c: start(c, 0, "-warm") for c in WARM if c in columns and workers[_key(c, 0)].ready.get("ok")
@@ -100,9 +101,9 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
         # compile pool shutting down) takes cores from a warm start compiling beside
         # it (auto's on hf_llama and hf_bert: 1.1 s each, then 1.0 and 0.9 s).
         for column, second in seconds.items():
-            second.release()
-            second.close()
-            warm[column] = second.ready.get("compile_s") if second.ready.get("ok") else None
+            warm[column], error = _warm_start(second, args.dtype)
+            if error:
+                warm_errors[column] = error
     cells = {}
     for column in columns:
         first = workers[_key(column, 0)]
@@ -111,8 +112,10 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
         peak = [m for k in range(processes) if (m := peaks[_key(column, k)]) is not None]
         after = first.final.get("accurate_after_warm_up")  # None where it never ran
         cells[column] = {
-            "ok": bool(ready.get("ok")) and bool(runs) and after is not False,
-            "error": ready.get("error") or _error_after_warm_up(first.final, args.dtype),
+            "ok": bool(ready.get("ok")) and bool(runs) and after is not False and column not in warm_errors,
+            "error": ready.get("error")
+            or _error_after_warm_up(first.final, args.dtype)
+            or warm_errors.get(column),
             "accurate": ready.get("accurate"),
             "accurate_after_warm_up": after,
             # The fastest process's median: a process's own speed moved host-bound
@@ -128,6 +131,26 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
             "warm_up_s": first.final.get("warm_up_s"),
         }
     return {"model": name, "mode": mode, "source": EVERY_MODEL[name].source, "cells": cells}
+
+
+def _warm_start(second: Worker, dtype: str) -> tuple[float | None, str | None]:
+    """A warm start's compile time, or why it failed: a second process on the first's
+    caches is a fresh-process round trip of everything they keep, judged as the
+    first process was, on its first call and, after its warm-up and one call,
+    again on new input values (``worker._accurate_after_warm_up``)."""
+    second.release()
+    if not second.ready.get("ok"):
+        second.close()
+        return None, f"warm start: {second.ready.get('error') or 'failed'}"
+    try:
+        second.time(1)
+    except RuntimeError as died:
+        second.close()
+        return None, f"warm start: {died}"
+    second.close()
+    if after := _error_after_warm_up(second.final, dtype):
+        return None, f"warm start, {after}"
+    return second.ready.get("compile_s"), None
 
 
 def _error_after_warm_up(final: dict[str, Any], dtype: str) -> str | None:
