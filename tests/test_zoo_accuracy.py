@@ -145,3 +145,35 @@ def test_accuracy_judged_again_runs_on_new_input_values():
         assert not inference_accurate_now(lambda: first, model, (x, ids), torch.float32)
         assert inference_accurate_now(lambda: model(x, ids), model, (x, ids), torch.float32)
     assert ids.tolist() == [[1, 2, 0], [4, 5, 3]]  # rolled twice: the same values, other places
+
+
+def test_error_spread_tells_a_lost_precision_from_another_rounding(monkeypatch):
+    """A column computing in bfloat16 fails the rule on most inputs with its error
+    far above eager's; one that only sums in another order sits near eager's."""
+    from benchmarks.zoo import error_spread
+    from benchmarks.zoo.models import ZooModel
+
+    def build():
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        return model, (torch.randn(32, 64),)
+
+    def compiled(column, model):
+        if column == "bf16":
+            low = copy.deepcopy(model).bfloat16()
+            return lambda x: low(x.bfloat16()).float()
+        transposed = [(layer, layer.weight.t().contiguous()) for layer in model if hasattr(layer, "weight")]
+
+        def reordered(x):  # x @ W^T through another kernel: the same sums, other rounding
+            first, second = transposed
+            hidden = torch.nn.functional.gelu(torch.mm(x, first[1]) + first[0].bias)
+            return torch.mm(hidden, second[1]) + second[0].bias
+
+        return reordered
+
+    monkeypatch.setattr(error_spread, "EVERY_MODEL", {"mlp": ZooModel("mlp", "test", build)})
+    monkeypatch.setattr(error_spread.columns, "compiled", compiled)
+    monkeypatch.setattr(error_spread, "WARM_UP_CALLS", 1)
+    report = error_spread.spread("mlp", ["reordered", "bf16"], inputs_count=6)
+    assert report["bf16"]["failures"] == 6 and report["bf16"]["median_over_eager"] > 100
+    assert report["reordered"]["failures"] == 0 and report["reordered"]["median_over_eager"] < 3
+    assert report["eager"]["median_rmse"] < 1e-6
