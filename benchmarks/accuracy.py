@@ -51,8 +51,10 @@ def fp64_inference(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> 
 
 
 def in_float64(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """``inputs`` with every floating tensor in float64 (token ids and masks keep theirs)."""
-    return tuple(t.double() if t.is_floating_point() else t for t in inputs)
+    """A copy of ``inputs`` with every floating tensor in float64 (token ids and masks
+    keep their dtype): the fp64 run may update an input in place, and the runs
+    judged after it must see the inputs as they were."""
+    return tuple(t.double() if t.is_floating_point() else t.clone() for t in inputs)
 
 
 def give_new_values(inputs: tuple[torch.Tensor, ...]) -> None:

@@ -177,3 +177,25 @@ def test_error_spread_tells_a_lost_precision_from_another_rounding(monkeypatch):
     assert report["bf16"]["failures"] == 6 and report["bf16"]["median_over_eager"] > 100
     assert report["reordered"]["failures"] == 0 and report["reordered"]["median_over_eager"] < 3
     assert report["eager"]["median_rmse"] < 1e-6
+
+
+class _CountsIds(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(8, 4)
+
+    def forward(self, ids):
+        ids.add_(1)  # a step counter kept in an integer input
+        return self.embed(ids)
+
+
+def test_the_fp64_truth_leaves_an_integer_input_as_it_was():
+    """The fp64 run goes first; a model that updates an integer input in place must
+    not hand eager and the column other inputs than the truth saw."""
+    from benchmarks.accuracy import fp64_inference
+
+    ids = torch.tensor([[0, 1, 2]])
+    with torch.no_grad():
+        truth = fp64_inference(_CountsIds(), (ids,))
+    assert ids.tolist() == [[0, 1, 2]]
+    assert truth.dtype == torch.float64
