@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,27 @@ class Worker:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def warm_start_error(worker: Worker, later: Callable[[dict[str, Any]], str | None]) -> str | None:
+    """Why a warm start (a ready worker on an earlier one's caches) failed, or None.
+
+    A warm start is a fresh-process round trip of everything the caches keep, so
+    it is judged as the first process was: on its first call (its ready line),
+    and after one more call (a zoo worker's warm-up comes before it) by its own
+    check at its end, which ``later`` reads from its final report. The worker is
+    closed."""
+    if not worker.ready.get("ok"):
+        worker.close()
+        return f"warm start: {worker.ready.get('error') or 'failed'}"
+    try:
+        worker.time(1)
+    except RuntimeError as died:
+        worker.close()
+        return f"warm start: {died}"
+    worker.close()
+    why = later(worker.final)
+    return f"warm start, {why}" if why else None
 
 
 def time_in_turn(workers: dict[str, Worker], seconds: float, batch_s: float = 0.1) -> dict[str, float]:

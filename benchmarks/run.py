@@ -23,7 +23,7 @@ import torch
 from .columns import COLUMNS, OURS, PEERS
 from .machine import cpu
 from .models import MODELS
-from .process import Worker, time_in_turn
+from .process import Worker, time_in_turn, warm_start_error
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -44,19 +44,16 @@ def _warm_start_s(model: str, column: str, cache_dir: str) -> tuple[float | None
     times = []
     for _ in range(WARM_STARTS):
         worker = _Worker(model, column, cache_dir)
-        if not worker.ready.get("ok"):
-            worker.close()
-            return None, f"warm start: {worker.ready.get('error') or 'failed'}"
-        try:
-            worker.time(1)
-        except RuntimeError as died:
-            worker.close()
-            return None, f"warm start: {died}"
-        worker.close()
-        if after := worker.final.get("error_after_timing"):
-            return None, f"warm start, after timing: {after}"
+        error = warm_start_error(worker, lambda final: _after_timing(final.get("error_after_timing")))
+        if error:
+            return None, error
         times.append(worker.ready["compile_s"])
     return sorted(times)[len(times) // 2], None
+
+
+def _after_timing(error: str | None) -> str | None:
+    """Why a column failed its check after timing (``worker.py``), as the report says it."""
+    return f"after timing: {error}" if error else None
 
 
 def run(models: list[str], seconds: float) -> dict:
@@ -83,9 +80,7 @@ def run(models: list[str], seconds: float) -> dict:
                 "warm_compile_s": warm_s.get(col),
                 "max_error": ready.get("max_error"),
                 "peak_rss_mb": rss.get(col),
-                "error": ready.get("error")
-                or (f"after timing: {after}" if after else None)
-                or warm_errors.get(col),
+                "error": ready.get("error") or _after_timing(after) or warm_errors.get(col),
                 "routes": ready.get("routes") or [],
                 "load_s": ready.get("load_s"),
             }

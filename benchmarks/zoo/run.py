@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ..machine import cpu
-from ..process import Worker, time_in_turn
+from ..process import Worker, time_in_turn, warm_start_error
 from ..run import _fmt_time as format_time
 from .columns import CPU_COLUMNS, CUDA_COLUMNS, TRAIN_COLUMNS
 from .models import ZOO
@@ -139,18 +139,8 @@ def _warm_start(second: Worker, dtype: str) -> tuple[float | None, str | None]:
     first process was, on its first call and, after its warm-up and one call,
     again on new input values (``worker._accurate_after_warm_up``)."""
     second.release()
-    if not second.ready.get("ok"):
-        second.close()
-        return None, f"warm start: {second.ready.get('error') or 'failed'}"
-    try:
-        second.time(1)
-    except RuntimeError as died:
-        second.close()
-        return None, f"warm start: {died}"
-    second.close()
-    if after := _error_after_warm_up(second.final, dtype):
-        return None, f"warm start, {after}"
-    return second.ready.get("compile_s"), None
+    error = warm_start_error(second, lambda final: _error_after_warm_up(final, dtype))
+    return (None, error) if error else (second.ready.get("compile_s"), None)
 
 
 def _error_after_warm_up(final: dict[str, Any], dtype: str) -> str | None:
