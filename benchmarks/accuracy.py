@@ -50,6 +50,11 @@ def fp64_inference(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> 
     return fp64_truth(lambda: copy.deepcopy(model).double()(*in_float64(inputs)))
 
 
+def copies(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """A copy of each input: a run that updates one in place leaves the caller's as it was."""
+    return tuple(t.clone() for t in inputs)
+
+
 def in_float64(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     """A copy of ``inputs`` with every floating tensor in float64 (token ids and masks
     keep their dtype): the fp64 run may update an input in place, and the runs
@@ -78,9 +83,9 @@ def inference_accurate_now(
     of ``inputs`` (``give_new_values``), against eager on them as they are then (a
     model may update its input in place); run under the cell's grad mode."""
     give_new_values(inputs)
-    now = tuple(t.clone() for t in inputs)
+    now = copies(inputs)
     fp64 = fp64_inference(model, now)
-    reference = copy.deepcopy(model)(*(t.clone() for t in now))
+    reference = copy.deepcopy(model)(*copies(now))
     return accurate(reference, fp64, call(), dtype)
 
 

@@ -32,7 +32,7 @@ from dispatch.errors import error_line
 from dispatch.record import recorder
 
 from . import columns
-from .accuracy import accurate, give_new_values
+from .accuracy import accurate, give_new_values, in_float64
 from .models import build
 from .process import collect_set_up_garbage
 
@@ -74,7 +74,7 @@ def _peak_rss_mb() -> float:
 
 def _references(model, inputs):
     """What a column's output is judged against: ``model`` in float64, and in float32."""
-    return copy.deepcopy(model).double()(*(t.double() for t in inputs)), model(*inputs)
+    return copy.deepcopy(model).double()(*in_float64(inputs)), model(*inputs)
 
 
 def main(model_name: str, column: str, cache_dir: str | None = None) -> None:

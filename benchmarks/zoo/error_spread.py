@@ -22,7 +22,7 @@ import statistics
 
 import torch
 
-from ..accuracy import accurate, floating_leaves, fp64_inference, give_new_values
+from ..accuracy import accurate, copies, floating_leaves, fp64_inference, give_new_values
 from . import columns
 from .wider import EVERY_MODEL
 from .worker import WARM_UP_CALLS
@@ -58,10 +58,10 @@ def spread(name: str, names: list[str], inputs_count: int, seed: int = 1) -> dic
                         t.copy_(torch.randn(t.shape, generator=generator, dtype=t.dtype))
             # Each run on its own copy: a model that updates an input in place
             # would otherwise hand the next run other values.
-            truth, reference = fp64_inference(model, inputs), model(*_copies(inputs))
+            truth, reference = fp64_inference(model, inputs), model(*copies(inputs))
             errors["eager"].append(rmse(reference, truth))
             for column, call in calls.items():
-                result = call(*_copies(inputs))
+                result = call(*copies(inputs))
                 errors[column].append(rmse(result, truth))
                 failures[column] += not accurate(reference, truth, result, torch.float32)
     report = {"eager": {"median_rmse": statistics.median(errors["eager"])}}
@@ -73,10 +73,6 @@ def spread(name: str, names: list[str], inputs_count: int, seed: int = 1) -> dic
             "median_over_eager": statistics.median(ratios),
         }
     return report
-
-
-def _copies(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    return tuple(t.clone() for t in inputs)
 
 
 def main() -> None:

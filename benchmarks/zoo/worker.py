@@ -38,6 +38,7 @@ from dispatch.region import region_table
 
 from ..accuracy import (
     accurate,
+    copies,
     floating_leaves,
     fp64_inference,
     fp64_truth,
@@ -62,10 +63,6 @@ def moved(model, inputs, device, dtype):
     return model, tuple(
         t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype) for t in inputs
     )
-
-
-def _fresh(inputs):
-    return tuple(t.clone() for t in inputs)
 
 
 def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
@@ -191,7 +188,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
                     model.eval()
                     fp64 = fp64_inference(model, inputs)
                     model, inputs = moved(model, inputs, device, dtype)
-                    reference = copy.deepcopy(model)(*_fresh(inputs))
+                    reference = copy.deepcopy(model)(*copies(inputs))
                     _loaded()
                     start = time.perf_counter()
                     with recorder.recording() as plans:
