@@ -91,7 +91,7 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
     for worker in workers.values():
         worker.quit()  # processes end together: a compile pool takes seconds to shut down
     peaks = {key: w.close() for key, w in workers.items()}
-    warm: dict[str, float | None] = {}
+    warm: dict[str, tuple[float | None, dict[str, Any]]] = {}  # its first call, its final report
     warm_errors: dict[str, str] = {}
     if not args.no_warm:
         seconds = {
@@ -101,9 +101,11 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
         # compile pool shutting down) takes cores from a warm start compiling beside
         # it (auto's on hf_llama and hf_bert: 1.1 s each, then 1.0 and 0.9 s).
         for column, second in seconds.items():
-            warm[column], error = _warm_start(second, args.dtype)
+            error = _warm_start(second, args.dtype)
             if error:
                 warm_errors[column] = error
+            else:
+                warm[column] = (second.ready.get("compile_s"), second.final)
     cells = {}
     for column in columns:
         first = workers[_key(column, 0)]
@@ -111,6 +113,8 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
         runs = [medians[_key(column, k)] for k in range(processes) if _key(column, k) in medians]
         peak = [m for k in range(processes) if (m := peaks[_key(column, k)]) is not None]
         after = first.final.get("accurate_after_warm_up")  # None where it never ran
+        per_call = min(runs) if runs else None
+        warm_compile, warm_final = warm.get(column, (None, {}))
         cells[column] = {
             "ok": bool(ready.get("ok")) and bool(runs) and after is not False and column not in warm_errors,
             "error": ready.get("error")
@@ -120,10 +124,12 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
             "accurate_after_warm_up": after,
             # The fastest process's median: a process's own speed moved host-bound
             # columns by up to 1.5x on an H200 (benchmarks/results/gpu-h200-20261126-2.md).
-            "per_call_s": min(runs) if runs else None,
+            "per_call_s": per_call,
             "per_call_runs_s": runs,
             "compile_s": ready.get("compile_s"),
-            "warm_compile_s": warm.get(column),
+            "later_compile_s": later_compile_s(first.final, per_call),
+            "warm_compile_s": warm_compile,
+            "warm_later_compile_s": later_compile_s(warm_final, per_call) if warm_compile else None,
             "peak_mb": max(peak) if peak else None,
             # As they ran after the warm-up (a trial may move regions), else at the first call.
             "routes": first.final.get("routes") or ready.get("routes") or [],
@@ -133,14 +139,26 @@ def run_model(name: str, mode: str, columns: tuple[str, ...], args: argparse.Nam
     return {"model": name, "mode": mode, "source": EVERY_MODEL[name].source, "cells": cells}
 
 
-def _warm_start(second: Worker, dtype: str) -> tuple[float | None, str | None]:
-    """A warm start's compile time, or why it failed: a second process on the first's
-    caches is a fresh-process round trip of everything they keep, judged as the
-    first process was, on its first call and, after its warm-up and one call,
-    again on new input values (``worker._accurate_after_warm_up``)."""
+def _warm_start(second: Worker, dtype: str) -> str | None:
+    """Why a warm start failed, or None (its times are then in ``second``'s reports):
+    a second process on the first's caches is a fresh-process round trip of
+    everything they keep, judged as the first process was, on its first call and,
+    after its warm-up and one call, again on new input values
+    (``worker._accurate_after_warm_up``)."""
     second.release()
-    error = warm_start_error(second, lambda final: _error_after_warm_up(final, dtype))
-    return (None, error) if error else (second.ready.get("compile_s"), None)
+    return warm_start_error(second, lambda final: _error_after_warm_up(final, dtype))
+
+
+def later_compile_s(final: dict[str, Any], per_call_s: float | None) -> float | None:
+    """What a process compiled after its first call: its warm-up's time beyond its
+    calls at the cell's per-call median (None where either is unknown). auto's
+    trial compiles inductor tens of calls in (hf_bert: 7.4 s at its 80th call),
+    which a compile time taken on the first call alone leaves out; the trial's
+    timed calls on its slower sides count here too, as a process pays them once."""
+    warm_up, calls = final.get("warm_up_s"), final.get("warm_up_calls")
+    if warm_up is None or calls is None or per_call_s is None:
+        return None
+    return max(0.0, warm_up - calls * per_call_s)
 
 
 def _error_after_warm_up(final: dict[str, Any], dtype: str) -> str | None:
@@ -197,7 +215,7 @@ def targets(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
         best = _best_other(row, leave_out)
         return best is not None and row["cells"]["auto"]["per_call_s"] > WITHIN * best
 
-    speedups, colds, warms = [], [], []
+    speedups, colds, warms, whole_colds, whole_warms = [], [], [], [], []
     for row in rows:
         auto, eager, inductor = row["cells"]["auto"], cell(row, "eager"), cell(row, "inductor")
         if eager and inductor:
@@ -208,6 +226,13 @@ def targets(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
             colds.append((auto["compile_s"], inductor["compile_s"]))
         if auto["warm_compile_s"] and auto["compile_s"]:
             warms.append((auto["warm_compile_s"], auto["compile_s"]))
+        whole_auto = _with_later(auto, "compile_s", "later_compile_s")
+        whole_inductor = _with_later(inductor, "compile_s", "later_compile_s") if inductor else None
+        if whole_auto and whole_inductor:
+            whole_colds.append((whole_auto, whole_inductor))
+        whole_warm = _with_later(auto, "warm_compile_s", "warm_later_compile_s")
+        if whole_warm and whole_auto:
+            whole_warms.append((whole_warm, whole_auto))
     return {
         "rows": len(rows),
         "over_best_other": [r["model"] for r in rows if over(r, None)],
@@ -217,7 +242,16 @@ def targets(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
         "speedup_over_inductors": _geomean_ratio(speedups),
         "cold_compile_over_inductors": _geomean_ratio(colds),
         "warm_over_cold": _geomean_ratio(warms),
+        "cold_compile_with_later_over_inductors": _geomean_ratio(whole_colds),
+        "warm_over_cold_with_later": _geomean_ratio(whole_warms),
     }
+
+
+def _with_later(cell: dict[str, Any], first: str, later: str) -> float | None:
+    """A cell's compile time on its first call plus what it compiled after it, where both are known."""
+    if not cell.get(first) or cell.get(later) is None:
+        return None
+    return cell[first] + cell[later]
 
 
 def _geomean_ratio(pairs: list[tuple[float, float]]) -> float | None:
@@ -249,6 +283,13 @@ def _targets_lines(t: dict[str, Any]) -> list[str]:
         f"| cold compile over inductor's (geomean) | {x(t['cold_compile_over_inductors'])} |",
         f"| warm compile over its own cold (geomean) | {x(t['warm_over_cold'])} |",
     ]
+    if t.get("warm_over_cold_with_later") is not None:  # older results lack the later compiles
+        lines += [
+            f"| cold compile over inductor's, with what each compiled after its first call (geomean) "
+            f"| {x(t['cold_compile_with_later_over_inductors'])} |",
+            f"| warm compile over its own cold, with what each compiled after its first call (geomean) "
+            f"| {x(t['warm_over_cold_with_later'])} |",
+        ]
     return lines
 
 
