@@ -283,13 +283,15 @@ def _targets_lines(t: dict[str, Any]) -> list[str]:
         f"| cold compile over inductor's (geomean) | {x(t['cold_compile_over_inductors'])} |",
         f"| warm compile over its own cold (geomean) | {x(t['warm_over_cold'])} |",
     ]
-    if t.get("warm_over_cold_with_later") is not None:  # older results lack the later compiles
-        lines += [
-            f"| cold compile over inductor's, with what each compiled after its first call (geomean) "
-            f"| {x(t['cold_compile_with_later_over_inductors'])} |",
-            f"| warm compile over its own cold, with what each compiled after its first call (geomean) "
-            f"| {x(t['warm_over_cold_with_later'])} |",
-        ]
+    with_later = {  # older results lack what each compiled after its first call
+        "cold compile over inductor's": t.get("cold_compile_with_later_over_inductors"),
+        "warm compile over its own cold": t.get("warm_over_cold_with_later"),
+    }
+    lines += [
+        f"| {what}, with what each compiled after its first call (geomean) | {x(ratio)} |"
+        for what, ratio in with_later.items()
+        if ratio is not None
+    ]
     return lines
 
 
