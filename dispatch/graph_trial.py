@@ -27,12 +27,14 @@ inductor out by its bar: a graph timed in a loop of its own flatters ORT
 plain inductor ran it in 1.59).
 
 A graph that takes ``INDUCTOR_TRIAL_S`` or more a call on the faster side and
-may be bound by its count of ops (ORT not far ahead of the traced graph, many
-small ops or no matmul in its ORT regions, or a traced higher-order op) goes
-on: on a later call the Dynamo graph is compiled as plain inductor compiles it
-(``plain_inductor.py``), else the graph before its split, else its ORT regions
-one by one (``trial_inductor.py``), and that is timed in turn against the
-leader, each side judged by its better round (``trial_margins.inductor_wins``).
+may be bound by its count of ops (ORT not far ahead of the traced graph, and
+nearer still where its ORT regions are bound by convolutions, which inductor
+runs as the traced graph does; many small ops or no matmul in its ORT regions;
+or a traced higher-order op) goes on: on a later call the Dynamo graph is
+compiled as plain inductor compiles it (``plain_inductor.py``), else the graph
+before its split, else its ORT regions one by one (``trial_inductor.py``), and
+that is timed in turn against the leader, each side judged by its better round
+(``trial_margins.inductor_wins``).
 Where the check moved the graph to inductor, it compiled auto's lowered graph:
 plain inductor's program of the Dynamo graph is then timed against whichever
 led, and takes a near tie from the lowered one. The measurements behind each
@@ -60,6 +62,7 @@ from .call_periods import BLOCK_CALLS, CallPeriods, in_timing_loop
 from .config import Config
 from .graph_tuning import (
     AS_ROUTED,
+    INDUCTOR_UNTRIED,
     ON_INDUCTOR,
     WHOLE_ON_INDUCTOR,
     WholeGraphCheck,
@@ -299,6 +302,8 @@ class InPlaceTrial:
         decision["winner"] = label if winner == ON_INDUCTOR else winner
         if self.inductor_side.routed_on_inductor:
             decision[ROUTED_ON_INDUCTOR] = True
+        if self.inductor_side.untried is not None:
+            decision[INDUCTOR_UNTRIED] = self.inductor_side.untried
         if winner == AS_TRACED:
             routed_s, traced_s = self.first_round[AS_ROUTED], self.first_round[AS_TRACED]
             decision[TRACED_WON] = traced_won_note(routed_s, traced_s, self._routed_margin())
@@ -323,6 +328,7 @@ class InPlaceTrial:
         labels = {AS_ROUTED: f"{AS_ROUTED} on inductor" if on_inductor else AS_ROUTED}
         sides = (AS_ROUTED, AS_TRACED, PLAIN_INDUCTOR, WHOLE_ON_INDUCTOR, ON_INDUCTOR)
         line = ", ".join(f"{labels.get(side, side)} {decision[side]}" for side in sides if side in decision)
+        line += f"; {decision[INDUCTOR_UNTRIED]}" if INDUCTOR_UNTRIED in decision else ""
         line += " (cached)" if cached else ""
         winner = decision["winner"]
         program = self.inductor_side.forget()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .stitch import RegionRunner
-from .work import data_moved, estimated_flops
+from .work import convolution_flops, data_moved, estimated_flops
 
 CUTTING_ROUTE = "onnxrt"  # runs on threads of its own: its regions contend with the eager ones
 # Inductor is compiled and timed as well only where ORT ran the graph in more
@@ -61,6 +61,13 @@ SMALL_OP_FLOPS = 50_000
 # 59, EfficientViT 51), so the share still decides.
 INDUCTOR_PAST_EAGER_SHARE_MOVING = 0.5
 MOVED_BYTES_PER_KFLOP = 40
+# ORT regions whose convolutions do at least this share of their FLOPs
+# (``conv_bound``): in the graphs measured the share sat at 0.93 to 1.0 for the
+# CNNs (ResNet-18, DLA, ResNeSt, BoTNet, EfficientNet-B0, ConvNeXt, a small
+# U-Net, a 1-D audio stack) and at 0.05 or under for the transformers, with
+# wav2vec2 (0.28), ViT-MAE (0.40) and SEW (0.67, its convolutional feature
+# encoder) between.
+CONV_BOUND_SHARE = 0.5
 
 
 def onnx_work(runners: Sequence[RegionRunner]) -> int | None:
@@ -113,6 +120,21 @@ def moves_much(runners: Sequence[RegionRunner]) -> bool:
         return False
     moved, matmul = counts
     return moved > 0 and moved * 1000 >= MOVED_BYTES_PER_KFLOP * matmul
+
+
+def conv_bound(runners: Sequence[RegionRunner]) -> bool:
+    """Whether convolutions do at least ``CONV_BOUND_SHARE`` of the ONNX Runtime
+    regions' FLOPs among ``runners``: inductor on CPU runs a convolution as the
+    traced graph does (ATen's oneDNN kernel, an extern call it fuses nothing
+    into), so where ORT leads the traced graph it leads in those kernels.
+    False where there is no such region or a size is symbolic."""
+    work = onnx_work(runners)
+    if not work:
+        return False
+    convolutions = [convolution_flops(r.gm) for r in runners if r.chain[0] == CUTTING_ROUTE]
+    if None in convolutions:
+        return False
+    return sum(c for c in convolutions if c is not None) >= CONV_BOUND_SHARE * work
 
 
 def without_matmuls(runners: Sequence[RegionRunner]) -> bool:

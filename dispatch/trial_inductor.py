@@ -18,11 +18,12 @@ import torch.fx
 
 from .config import Config
 from .graph_tuning import AS_ROUTED, ON_INDUCTOR, WHOLE_ON_INDUCTOR, WholeGraphCheck
-from .inductor_bar import CUTTING_ROUTE, many_small_ops, without_matmuls
+from .inductor_bar import CUTTING_ROUTE, conv_bound, many_small_ops, without_matmuls
 from .plain_inductor import PLAIN_INDUCTOR, checked_plain_call
 from .routes import CompiledFn
 from .stitch import StitchedGraph, with_forward_swapped, with_region_inputs, with_regions_swapped
 from .trial_margins import (
+    CONV_BOUND_PAST_ROUTED_SHARE,
     INDUCTOR_OVER_ROUTED_MARGIN,
     INDUCTOR_OVER_TRACED_MARGIN,
     INDUCTOR_PAST_ROUTED_SHARE,
@@ -60,6 +61,8 @@ class InductorSide:
         self.enabled = enabled and any(r.chain[0] == CUTTING_ROUTE for r in self.runners)
         self.label = ON_INDUCTOR
         self.program: dict[str, CompiledFn] | CompiledFn | None = None
+        #: why inductor was not compiled in place, where ``tried`` has a reason to show
+        self.untried: str | None = None
 
     def forget(self) -> dict[str, CompiledFn] | CompiledFn | None:
         """``program``, dropped here: the trial has decided, and the winner keeps
@@ -94,12 +97,18 @@ class InductorSide:
                 return check.inductor_open
             if not check.inductor_untimed:
                 return False  # the check timed inductor behind the graph as routed
-        return (
-            routed_share >= INDUCTOR_PAST_ROUTED_SHARE
-            or self.traced_runs_subgraphs
-            or many_small_ops(self.runners)
-            or without_matmuls(self.runners)
-        )
+        if self.traced_runs_subgraphs or many_small_ops(self.runners) or without_matmuls(self.runners):
+            return True
+        if routed_share < INDUCTOR_PAST_ROUTED_SHARE:
+            return False
+        if routed_share < CONV_BOUND_PAST_ROUTED_SHARE and conv_bound(self.runners):
+            self.untried = (
+                f"inductor not compiled in place: as routed took {routed_share:.2f} of the traced "
+                f"graph's time, under {CONV_BOUND_PAST_ROUTED_SHARE} for ORT regions bound by "
+                "convolutions, which inductor runs as the traced graph does"
+            )
+            return False
+        return True
 
     def compile(
         self, routed: Callable[..., Any], args: Sequence[Any]

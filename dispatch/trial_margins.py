@@ -33,6 +33,19 @@ INDUCTOR_TRIAL_S = 1e-4
 # against 3.04 as traced, ran 1.19x plain inductor's time; Falcon, 1.90 in place
 # against 2.45, 1.52x).
 INDUCTOR_PAST_ROUTED_SHARE = 0.5  # unless its ORT regions are many small ops (graph_tuning)
+# From this higher share where the ORT regions are convolution-bound
+# (``inductor_bar.conv_bound``): inductor runs their convolutions as the traced
+# graph does, so it rarely beats an ORT program that leads the traced graph by
+# much. At INDUCTOR_PAST_ROUTED_SHARE, every such graph that tried inductor in
+# place kept ORT, after an inductor compile on a later call (AMD EPYC, AVX2,
+# 2 cores, 2026-12-06; routed share, then ORT against inductor in place):
+# timm's ResNet-18 0.56 (the zoo: 3.9 s first call, then 19.6 s compiling
+# inductor to lose, inductor's column at 1.67x the floor), DLA 0.67 (26.6 s
+# later), BoTNet 0.55 (9.6 against 21.3 ms; 38.0 s later), a small U-Net 0.58
+# (1.07 against 1.38 ms), a 1-D audio stack 0.61 (0.76 against 0.99). The
+# convolution-bound graphs with inductor ahead of the traced graph had ORT
+# further ahead (hf_resnet: inductor 0.51-0.55 of the floor, ORT at 0.16).
+CONV_BOUND_PAST_ROUTED_SHARE = 0.8
 # Inductor, once compiled, replaces a routed leader where it is faster at all: its
 # kernels run on torch's threads, where ORT's wake their own pool. Set when the
 # sides were judged by their calls alone (ORT's cost to the code after its call

@@ -86,6 +86,18 @@ def data_moved(gm: torch.fx.GraphModule) -> tuple[int, int] | None:
     return moved, matmul
 
 
+def convolution_flops(gm: torch.fx.GraphModule) -> int | None:
+    """The FLOPs of the graph's convolutions per call; None where a size is symbolic."""
+    total = 0
+    for node in compute_nodes(gm):
+        if node.target in _CONVOLUTIONS:
+            flops = _node_flops(node)
+            if flops is None:
+                return None
+            total += flops
+    return total
+
+
 def _node_flops(node: torch.fx.Node) -> int | None:
     out = node.meta.get(META_VAL)
     if not isinstance(out, torch.Tensor):

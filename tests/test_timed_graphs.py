@@ -333,3 +333,24 @@ def test_an_unrolled_recurrence_is_many_small_ops_and_a_network_is_not():
     eager = _as_onnx_region(UnrolledRecurrence(), torch.randn(2, 128, 128))
     eager.chain = ["eager"]  # only the ORT regions count
     assert not many_small_ops([eager])
+
+
+def test_a_network_of_convolutions_is_convolution_bound_and_a_transformer_is_not():
+    from dispatch.inductor_bar import conv_bound
+    from dispatch.work import convolution_flops, estimated_flops
+
+    convs = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3, padding=1)
+    )
+    network = _as_onnx_region(convs, torch.randn(2, 3, 32, 32))
+    # 2 x output elements x (in channels x kernel) per convolution; ReLU adds one per element
+    assert convolution_flops(network.gm) == 2 * 2 * 16 * 32 * 32 * (3 * 9 + 16 * 9)
+    assert convolution_flops(network.gm) < estimated_flops(network.gm)
+    assert conv_bound([network])
+    # A 1x1 convolution behind a wide linear layer: the matmul does most of the work.
+    head = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.Flatten(), torch.nn.Linear(4 * 8 * 8, 512))
+    assert not conv_bound([_as_onnx_region(head, torch.randn(2, 3, 8, 8))])
+    model, args = LARGE
+    assert not conv_bound([_as_onnx_region(model, *args)])
+    network.chain = ["eager"]  # only the ORT regions count
+    assert not conv_bound([network])
