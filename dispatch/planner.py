@@ -89,7 +89,14 @@ def route_order(
             order[at:at] = [n for n in extra if n not in config.disabled]
         for name in registry.names():
             if name not in order:
-                left_out[name] = f"{BY_RULE}: {rule.reason}"
+                route = registry.get(name)
+                # A route that runs no graph of this device is out for that reason,
+                # not the rule's, which explains the order among the routes that do.
+                # A route that serves the device only with a package missing here
+                # (onnxrt on cuda) is out by the rule all the same.
+                serves = device in route.devices or route.serves_device(device)
+                why = rule.reason if serves else route.device_reason(device)
+                left_out[name] = f"{BY_RULE}: {why}"
     for name in list(order):
         if name in config.disabled:
             order.remove(name)

@@ -30,6 +30,24 @@ def test_cpu_inference_goes_to_onnxrt():
     assert "not chosen by rule" in region.rejected["inductor"]
 
 
+def test_a_route_that_cannot_run_the_device_is_left_out_for_that_reason_not_the_rules():
+    # The CPU rule's reason explains why inductor is not in the order; cudagraphs
+    # runs no CPU graph at all, and explain said the rule's reason for it too.
+    from dispatch.region import region_table
+
+    plan = fake_plan(MLP(), "cpu", (4, 16))
+    rejected = plan.regions[0].rejected
+    assert (
+        rejected["cudagraphs"]
+        == "not chosen by rule: device cpu is not served by cudagraphs (it serves cuda)"
+    )
+    assert rejected["inductor"].startswith("not chosen by rule: CPU inference: ONNX Runtime runs what it can")
+    lines = region_table(plan.regions).splitlines()
+    assert "  cudagraphs: device cpu is not served by cudagraphs (it serves cuda)" in lines
+    assert any(line.startswith("  inductor") and "CPU inference" in line for line in lines)
+    assert not any(line.startswith("  cudagraphs") and "CPU inference" in line for line in lines)
+
+
 def test_cpu_inference_in_bfloat16_goes_to_inductor():
     # ONNX Runtime runs no bfloat16 on CPU: under the fp32 rule every op fell to eager,
     # 1.2-1.9x slower than inductor on the zoo's models (benchmarks/README.md).
@@ -332,7 +350,11 @@ def test_plan_for_a_device_this_machine_lacks():
     before = [p.clone() for p in model.parameters()]
     plan = dispatch.plan(model, [x], device="mps")
     assert plan.regions and all(r.devices == {"mps"} and r.route == "eager" for r in plan.regions)
-    assert "mps graphs run eager" in plan.regions[0].rejected["inductor"]
+    assert (
+        plan.regions[0]
+        .rejected["inductor"]
+        .endswith("device mps is not served by inductor (it serves cpu, cuda)")
+    )
     # the user's model is untouched: real weights, on cpu, unchanged
     for p, q in zip(model.parameters(), before):
         assert p.device.type == "cpu" and not isinstance(p, torch._subclasses.FakeTensor)
