@@ -11,8 +11,10 @@ behind each are beside it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import torch.fx
 
 from .stitch import RegionRunner
 from .work import convolution_flops, data_moved, estimated_flops
@@ -73,8 +75,16 @@ CONV_BOUND_SHARE = 0.5
 def onnx_work(runners: Sequence[RegionRunner]) -> int | None:
     """The FLOPs of the ONNX Runtime regions among ``runners`` (0 with none); None
     where a region's work is unknown (a symbolic size)."""
-    flops = [estimated_flops(r.gm) for r in runners if r.chain[0] == CUTTING_ROUTE]
-    return None if None in flops else sum(f for f in flops if f is not None)
+    return _onnx_total(runners, estimated_flops)
+
+
+def _onnx_total(
+    runners: Sequence[RegionRunner], measure: Callable[[torch.fx.GraphModule], int | None]
+) -> int | None:
+    """``measure`` summed over the ONNX Runtime regions among ``runners`` (0 with
+    none); None where it is None for one of them."""
+    counts = [measure(r.gm) for r in runners if r.chain[0] == CUTTING_ROUTE]
+    return None if None in counts else sum(c for c in counts if c is not None)
 
 
 def many_small_ops(runners: Sequence[RegionRunner]) -> bool:
@@ -131,10 +141,8 @@ def conv_bound(runners: Sequence[RegionRunner]) -> bool:
     work = onnx_work(runners)
     if not work:
         return False
-    convolutions = [convolution_flops(r.gm) for r in runners if r.chain[0] == CUTTING_ROUTE]
-    if None in convolutions:
-        return False
-    return sum(c for c in convolutions if c is not None) >= CONV_BOUND_SHARE * work
+    convolutions = _onnx_total(runners, convolution_flops)
+    return convolutions is not None and convolutions >= CONV_BOUND_SHARE * work
 
 
 def without_matmuls(runners: Sequence[RegionRunner]) -> bool:

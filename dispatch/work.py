@@ -13,7 +13,7 @@ folds them into their readers.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 import torch
 import torch.fx
@@ -58,13 +58,7 @@ _DATA_MOVES = {
 def estimated_flops(gm: torch.fx.GraphModule) -> int | None:
     """The graph's floating-point operations per call; None where a size is
     symbolic (reading it would add a guard to Dynamo's shape environment)."""
-    total = 0
-    for node in compute_nodes(gm):
-        flops = _node_flops(node)
-        if flops is None:
-            return None
-        total += flops
-    return total
+    return _summed_flops(gm, None)
 
 
 def data_moved(gm: torch.fx.GraphModule) -> tuple[int, int] | None:
@@ -88,9 +82,15 @@ def data_moved(gm: torch.fx.GraphModule) -> tuple[int, int] | None:
 
 def convolution_flops(gm: torch.fx.GraphModule) -> int | None:
     """The FLOPs of the graph's convolutions per call; None where a size is symbolic."""
+    return _summed_flops(gm, _CONVOLUTIONS)
+
+
+def _summed_flops(gm: torch.fx.GraphModule, targets: Container[object] | None) -> int | None:
+    """The FLOPs of the graph's compute nodes whose target is in ``targets`` (all
+    of them for None); None where a size is symbolic."""
     total = 0
     for node in compute_nodes(gm):
-        if node.target in _CONVOLUTIONS:
+        if targets is None or node.target in targets:
             flops = _node_flops(node)
             if flops is None:
                 return None
