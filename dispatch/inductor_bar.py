@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch.fx
 
 from .stitch import RegionRunner
-from .work import convolution_flops, data_moved, estimated_flops
+from .work import convolution_flops, data_moved, estimated_flops, loop_ops
 
 CUTTING_ROUTE = "onnxrt"  # runs on threads of its own: its regions contend with the eager ones
 # Inductor is compiled and timed as well only where ORT ran the graph in more
@@ -71,6 +71,23 @@ MOVED_BYTES_PER_KFLOP = 40
 # encoder) between.
 CONV_BOUND_SHARE = 0.5
 
+# A graph under ``trial_margins.INDUCTOR_TRIAL_S`` a call, where ORT is not far
+# ahead of the traced graph, is still worth an inductor compile where its ORT
+# regions are mostly loops (``mostly_loops``): at least LOOP_OPS pointwise ops,
+# reductions and fills, LOOPS_PER_RUN of them on average between two ops of
+# other kinds (matmuls, convolutions, sorts, scatters: each ends a run that
+# inductor fuses into one kernel). Run as traced, each of those ops costs a
+# dispatch of a few µs for little work. The wider set's einsum_masked (a bmm,
+# then 10 such ops; 5 a run) ran 67.6 µs as traced and 31.1 under plain
+# inductor, eager 46.3 (Intel Xeon, AVX-512, 2 cores). The zoo's python_loop
+# (17 in 5 runs, 3.4 a run: tanh and add between four linears, then a chain of
+# 9) ran faster on ORT than under plain inductor (93.0 against 101.3 µs), and
+# its other small graphs have at most 5 such ops, where inductor ran within 5%
+# of the floor or behind it (dict_list_outputs: 62.2 against 51.9 µs;
+# inplace_input: 43.0 against 42.3).
+LOOP_OPS = 8
+LOOPS_PER_RUN = 4
+
 
 def onnx_work(runners: Sequence[RegionRunner]) -> int | None:
     """The FLOPs of the ONNX Runtime regions among ``runners`` (0 with none); None
@@ -119,6 +136,15 @@ def inductor_past(runners: Sequence[RegionRunner], work: int | None) -> Inductor
     if work is not None and work < FINE_OP_FLOPS * ops:
         return InductorBar(INDUCTOR_PAST_EAGER_SHARE_FINE_OPS, "of fine ops")
     return InductorBar(INDUCTOR_PAST_EAGER_SHARE)
+
+
+def mostly_loops(runners: Sequence[RegionRunner]) -> bool:
+    """Whether the ONNX Runtime regions among ``runners`` are mostly ops inductor
+    fuses into loops (``LOOP_OPS``, ``LOOPS_PER_RUN``): a small graph of them
+    runs faster as a few fused kernels than op by op."""
+    counts = [loop_ops(r.gm) for r in runners if r.chain[0] == CUTTING_ROUTE]
+    loops, others = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    return loops >= LOOP_OPS and loops >= LOOPS_PER_RUN * (others + 1)
 
 
 def moves_much(runners: Sequence[RegionRunner]) -> bool:

@@ -18,7 +18,7 @@ import torch.fx
 
 from .config import Config
 from .graph_tuning import AS_ROUTED, ON_INDUCTOR, WHOLE_ON_INDUCTOR, WholeGraphCheck
-from .inductor_bar import CUTTING_ROUTE, conv_bound, many_small_ops, without_matmuls
+from .inductor_bar import CUTTING_ROUTE, conv_bound, many_small_ops, mostly_loops, without_matmuls
 from .plain_inductor import PLAIN_INDUCTOR, checked_plain_call
 from .routes import CompiledFn
 from .stitch import StitchedGraph, with_forward_swapped, with_region_inputs, with_regions_swapped
@@ -29,6 +29,7 @@ from .trial_margins import (
     INDUCTOR_PAST_ROUTED_SHARE,
     INDUCTOR_TRIAL_S,
     PLAIN_OVER_LOWERED_MARGIN,
+    SMALL_PAST_ROUTED_SHARE,
 )
 from .whole_inductor import cutting_regions_on_inductor, whole_graph_on_inductor
 
@@ -87,7 +88,11 @@ class InductorSide:
         round's median calls (the graph's own work, not the code after it): the
         leader's (``leader_s``), and the routed program's as a share of the traced
         graph's (``routed_share``)."""
-        if not self.enabled or leader_s < INDUCTOR_TRIAL_S:
+        if not self.enabled:
+            return False
+        if leader_s < INDUCTOR_TRIAL_S and (
+            routed_share < SMALL_PAST_ROUTED_SHARE or not mostly_loops(self.runners)
+        ):
             return False
         check = self.whole_check
         if check is not None:

@@ -18,7 +18,7 @@ from collections.abc import Container, Sequence
 import torch
 import torch.fx
 
-from .inspect import META_VAL, compute_nodes, tensor_value
+from .inspect import META_VAL, compute_nodes, is_computing_op, tensor_value
 
 aten = torch.ops.aten
 
@@ -54,6 +54,27 @@ _DATA_MOVES = {
     aten.im2col.default,
 }
 
+# Ops besides the pointwise ones (``torch.Tag.pointwise``) that inductor writes
+# as loops it fuses with their neighbours: reductions, and the fills that feed them.
+_LOOP_OPS = {
+    aten.sum.default,
+    aten.sum.dim_IntList,
+    aten.mean.dim,
+    aten.amax.default,
+    aten.amin.default,
+    aten.var.correction,
+    aten._softmax.default,
+    aten._log_softmax.default,
+    aten.native_layer_norm.default,
+    aten.zeros_like.default,
+    aten.ones_like.default,
+    aten.full_like.default,
+    aten.full.default,
+    aten.scalar_tensor.default,
+}
+# Ops that re-describe or copy data, which inductor folds into the loops that read them.
+_FOLDED = {aten.clone.default, aten._unsafe_view.default, aten._to_copy.default, aten.alias.default}
+
 
 def estimated_flops(gm: torch.fx.GraphModule) -> int | None:
     """The graph's floating-point operations per call; None where a size is
@@ -78,6 +99,21 @@ def data_moved(gm: torch.fx.GraphModule) -> tuple[int, int] | None:
                 return None
             moved += size
     return moved, matmul
+
+
+def loop_ops(gm: torch.fx.GraphModule) -> tuple[int, int]:
+    """(the graph's ops that inductor fuses into loops: pointwise ops, reductions,
+    fills; its other computing ops: matmuls, convolutions, sorts, scatters, ...).
+    Copies and reshapes count as neither: inductor folds them into their readers."""
+    loops = others = 0
+    for node in compute_nodes(gm):
+        if not is_computing_op(node) or node.target in _FOLDED:
+            continue
+        if node.target in _LOOP_OPS or torch.Tag.pointwise in getattr(node.target, "tags", ()):
+            loops += 1
+        else:
+            others += 1
+    return loops, others
 
 
 def convolution_flops(gm: torch.fx.GraphModule) -> int | None:

@@ -18,6 +18,7 @@ import dispatch.routes.onnx_session as onnx_session
 import dispatch.trial_inductor as trial_inductor
 import dispatch.trial_slot as trial_slot
 from benchmarks.zoo.models import InplaceInput
+from benchmarks.zoo.patterns import EinsumMasked
 from dispatch.autotune import format_seconds
 from dispatch.call_periods import BLOCK_CALLS
 from dispatch.graph_trial import (
@@ -744,6 +745,42 @@ def test_a_convolution_bound_graph_tries_inductor_only_where_onnx_is_near_the_tr
             "for ORT regions bound by convolutions, which inductor runs as the traced graph does"
         )
     _inductor_tried_or_onnx_kept(model, tried, first, "1.00 ms", x)
+
+
+@pytest.mark.parametrize(
+    ("loops", "routed_s", "route"),
+    [(True, 0.95e-3, "inductor"), (True, 0.7e-3, "onnxrt"), (False, 0.95e-3, "eager")],
+    ids=["loops-near", "loops-far-ahead", "matmuls-near"],
+)
+@torch.no_grad()
+def test_a_graph_under_the_trial_bar_tries_inductor_only_where_it_is_mostly_loops_and_onnx_is_near(
+    ort_costs, monkeypatch, loops, routed_s, route
+):
+    """Every graph here runs under ``INDUCTOR_TRIAL_S`` (the fake clock's bar is 1 s).
+    The wider set's einsum_masked (a bmm, then ten pointwise ops and reductions)
+    ran 67.6 µs as traced and 31.1 under plain inductor, which fuses them into a
+    few loops; auto ran it as traced. Where ORT leads by much, or the graph is
+    matmuls with an activation between (the small MLP), nothing is compiled."""
+    compiles = []
+    real_plain = plain_inductor.compile_plain
+    monkeypatch.setattr(
+        plain_inductor, "compile_plain", lambda *args: compiles.append(args[0]) or real_plain(*args)
+    )
+    ort_costs[:] = [routed_s, 1e-3]
+    ort_costs.inductor = 0.4e-3
+    torch.manual_seed(0)
+    model, x = (EinsumMasked().eval(), torch.randn(2, 4, 8, 32)) if loops else (small(), torch.randn(8, 16))
+    compiled, graphs = _compiled(model, x)
+    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
+    (region,) = _regions(graphs)
+    first = f"as routed {format_seconds(routed_s)}, as traced 1.00 ms"
+    assert region.route == route and region.planned_route in ("onnxrt", None)
+    if route == "inductor":
+        assert region.measured[IN_PLACE] == f"{first}, {PLAIN_INDUCTOR} 400.0 µs"
+        assert len(compiles) == 1
+    else:
+        assert region.measured[IN_PLACE] == first
+        assert compiles == []
 
 
 class CheckpointedBlock(torch.nn.Module):

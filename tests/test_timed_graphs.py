@@ -354,3 +354,24 @@ def test_a_network_of_convolutions_is_convolution_bound_and_a_transformer_is_not
     assert not conv_bound([_as_onnx_region(model, *args)])
     network.chain = ["eager"]  # only the ORT regions count
     assert not conv_bound([network])
+
+
+def test_pointwise_ops_and_reductions_count_as_loops_and_matmuls_end_their_runs():
+    from benchmarks.zoo.models import PythonLoop
+    from benchmarks.zoo.patterns import EinsumMasked
+    from dispatch.inductor_bar import mostly_loops
+    from dispatch.work import loop_ops
+
+    einsum = _as_onnx_region(EinsumMasked(), torch.randn(2, 4, 8, 32))
+    # lt, masked_fill, _softmax, isfinite (abs, ne, eq, mul), zeros_like, where, amax;
+    # the bmm the only other (its permutes, clone and reshapes count as neither)
+    assert loop_ops(einsum.gm) == (10, 1)
+    assert mostly_loops([einsum])
+    # tanh and add between four linears: runs of two, then a chain of nine
+    chain = _as_onnx_region(PythonLoop(), torch.randn(32, 128))
+    assert loop_ops(chain.gm) == (17, 4)
+    assert not mostly_loops([chain])
+    model, args = LARGE
+    assert not mostly_loops([_as_onnx_region(model, *args)])
+    einsum.chain = ["eager"]  # only the ORT regions count
+    assert not mostly_loops([einsum])
