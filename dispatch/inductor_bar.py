@@ -71,20 +71,24 @@ MOVED_BYTES_PER_KFLOP = 40
 # encoder) between.
 CONV_BOUND_SHARE = 0.5
 
-# A graph under ``trial_margins.INDUCTOR_TRIAL_S`` a call, where ORT is not far
-# ahead of the traced graph, is still worth an inductor compile where its ORT
-# regions are mostly loops (``mostly_loops``): at least LOOP_OPS pointwise ops,
-# reductions and fills, LOOPS_PER_RUN of them on average between two ops of
-# other kinds (matmuls, convolutions, sorts, scatters: each ends a run that
-# inductor fuses into one kernel). Run as traced, each of those ops costs a
-# dispatch of a few µs for little work. The wider set's einsum_masked (a bmm,
-# then 10 such ops; 5 a run) ran 67.6 µs as traced and 31.1 under plain
-# inductor, eager 46.3 (Intel Xeon, AVX-512, 2 cores). The zoo's python_loop
-# (17 in 5 runs, 3.4 a run: tanh and add between four linears, then a chain of
-# 9) ran faster on ORT than under plain inductor (93.0 against 101.3 µs), and
-# its other small graphs have at most 5 such ops, where inductor ran within 5%
-# of the floor or behind it (dict_list_outputs: 62.2 against 51.9 µs;
-# inplace_input: 43.0 against 42.3).
+# A graph under ``trial_margins.INDUCTOR_TRIAL_S`` a call still tries inductor,
+# however far ORT leads, where its ORT regions are mostly loops (``mostly_loops``,
+# ``work.loop_ops``): at least LOOP_OPS ops that inductor writes as loops, and
+# LOOPS_PER_RUN of them on average between two ops that run a library kernel
+# (matmuls, convolutions, sorts, attention: each ends a run of loops that inductor
+# fuses). Run as traced each such op costs a dispatch of a few µs, and on ORT
+# about one, for little work; inductor runs a run of them as one loop nest.
+# Measured in place and in the zoo (Intel Xeon, AVX-512, 2 cores, 2026-12-06;
+# loops a run; leader's time; plain inductor's):
+#   einsum_masked 5.0, as traced 66.9 µs, inductor 31.1; masked_positions 6.0,
+#   as traced 68.8, inductor 37.5; focal_loss 8.0, ORT 35.2 at 0.50 of the
+#   traced graph's time, inductor 27.6; smoothed_cross_entropy 8.0, as traced
+#   77.9, inductor 54.4.
+# Under 4, ORT or the traced graph ran faster than inductor: python_loop 3.4
+# (ORT 93.0 against 102.1), pixel_shuffle 3.3 (84.8 against 129.1), swiglu_block
+# 2.3, masked_attention 2.0; and the zoo's small graphs with under LOOP_OPS loops
+# (inplace_input, 5: inductor 42.5 against the floor's 43.7; dict_list_outputs,
+# data_dependent, topk_scatter).
 LOOP_OPS = 8
 LOOPS_PER_RUN = 4
 
@@ -140,11 +144,11 @@ def inductor_past(runners: Sequence[RegionRunner], work: int | None) -> Inductor
 
 def mostly_loops(runners: Sequence[RegionRunner]) -> bool:
     """Whether the ONNX Runtime regions among ``runners`` are mostly ops inductor
-    fuses into loops (``LOOP_OPS``, ``LOOPS_PER_RUN``): a small graph of them
-    runs faster as a few fused kernels than op by op."""
+    writes as loops (``LOOP_OPS``, ``LOOPS_PER_RUN``): a small graph of them
+    runs faster as a few fused loop nests than op by op."""
     counts = [loop_ops(r.gm) for r in runners if r.chain[0] == CUTTING_ROUTE]
-    loops, others = sum(c[0] for c in counts), sum(c[1] for c in counts)
-    return loops >= LOOP_OPS and loops >= LOOPS_PER_RUN * (others + 1)
+    loops, kernels = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    return loops >= LOOP_OPS and loops >= LOOPS_PER_RUN * (kernels + 1)
 
 
 def moves_much(runners: Sequence[RegionRunner]) -> bool:

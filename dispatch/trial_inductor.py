@@ -29,7 +29,6 @@ from .trial_margins import (
     INDUCTOR_PAST_ROUTED_SHARE,
     INDUCTOR_TRIAL_S,
     PLAIN_OVER_LOWERED_MARGIN,
-    SMALL_PAST_ROUTED_SHARE,
 )
 from .whole_inductor import cutting_regions_on_inductor, whole_graph_on_inductor
 
@@ -90,9 +89,8 @@ class InductorSide:
         graph's (``routed_share``)."""
         if not self.enabled:
             return False
-        if leader_s < INDUCTOR_TRIAL_S and (
-            routed_share < SMALL_PAST_ROUTED_SHARE or not mostly_loops(self.runners)
-        ):
+        small = leader_s < INDUCTOR_TRIAL_S  # tried only where mostly loops, then however far ORT leads
+        if small and not mostly_loops(self.runners):
             return False
         check = self.whole_check
         if check is not None:
@@ -102,7 +100,12 @@ class InductorSide:
                 return check.inductor_open
             if not check.inductor_untimed:
                 return False  # the check timed inductor behind the graph as routed
-        if self.traced_runs_subgraphs or many_small_ops(self.runners) or without_matmuls(self.runners):
+        if (
+            small
+            or self.traced_runs_subgraphs
+            or many_small_ops(self.runners)
+            or without_matmuls(self.runners)
+        ):
             return True
         if routed_share < INDUCTOR_PAST_ROUTED_SHARE:
             return False

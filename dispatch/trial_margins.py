@@ -21,14 +21,9 @@ ROUTED_MARGIN = 0.9  # the routed program must take under this share of the trac
 # times at either value (one process each, in turn; 2026-11-27). The compile
 # happens on a later call (after ``graph_trial.ROUTED_FIRST_CALLS``), never the first.
 # Below it, inductor is tried only where its ORT regions are mostly loops
-# (``inductor_bar.mostly_loops``) and took SMALL_PAST_ROUTED_SHARE or more of
-# the traced graph's time: further ahead, ORT has cut the per-op cost that
-# inductor's fused loops would save, and a compile of seconds is not repaid by
-# a lead of a few µs. The wider set's einsum_masked measured 0.87 to 0.95 in
-# place from one process to the next (Intel Xeon, AVX-512, 2 cores), and
-# plain inductor ran it in 0.47 of the traced graph's time.
+# (``inductor_bar.mostly_loops``): plain inductor ran the wider set's such
+# graphs in 0.46-0.78 of the faster side's time.
 INDUCTOR_TRIAL_S = 1e-4
-SMALL_PAST_ROUTED_SHARE = 0.8
 # Inductor is not tried where the routed program took under this share of the
 # traced graph's time (graph_trial.InPlaceTrial._tries_inductor): ONNX Runtime's
 # kernels already fuse what inductor would. The wider set's

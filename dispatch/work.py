@@ -54,23 +54,35 @@ _DATA_MOVES = {
     aten.im2col.default,
 }
 
-# Ops besides the pointwise ones (``torch.Tag.pointwise``) that inductor writes
-# as loops it fuses with their neighbours: reductions, and the fills that feed them.
-_LOOP_OPS = {
-    aten.sum.default,
-    aten.sum.dim_IntList,
-    aten.mean.dim,
-    aten.amax.default,
-    aten.amin.default,
-    aten.var.correction,
-    aten._softmax.default,
-    aten._log_softmax.default,
-    aten.native_layer_norm.default,
-    aten.zeros_like.default,
-    aten.ones_like.default,
-    aten.full_like.default,
-    aten.full.default,
-    aten.scalar_tensor.default,
+# Ops that inductor on CPU hands to a library kernel of its own (as it does the
+# matmuls and convolutions) instead of writing them as loops it fuses with
+# their neighbours. Every other computing op it lowers into such loops:
+# pointwise ops, reductions, fills, ``arange``, gathers, embeddings, ``cat``,
+# pooling, and the norms and losses it decomposes.
+_LIBRARY_KERNELS = {
+    aten.sort.default,
+    aten.sort.stable,
+    aten.topk.default,
+    aten.kthvalue.default,
+    aten.median.dim,
+    aten.mode.default,
+    aten.cumsum.default,
+    aten.cumprod.default,
+    aten.logcumsumexp.default,
+    aten.nonzero.default,
+    aten.searchsorted.Tensor,
+    aten._unique2.default,
+    aten.unique_dim.default,
+    aten.unique_consecutive.default,
+    aten.randperm.default,
+    aten._embedding_bag.default,
+    aten._embedding_bag_forward_only.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_attention_math.default,
+    aten._fft_r2c.default,
+    aten._fft_c2r.default,
+    aten._fft_c2c.default,
 }
 # Ops that re-describe or copy data, which inductor folds into the loops that read them.
 _FOLDED = {aten.clone.default, aten._unsafe_view.default, aten._to_copy.default, aten.alias.default}
@@ -102,18 +114,19 @@ def data_moved(gm: torch.fx.GraphModule) -> tuple[int, int] | None:
 
 
 def loop_ops(gm: torch.fx.GraphModule) -> tuple[int, int]:
-    """(the graph's ops that inductor fuses into loops: pointwise ops, reductions,
-    fills; its other computing ops: matmuls, convolutions, sorts, scatters, ...).
+    """(the graph's ops that inductor writes as loops it fuses; its ops that run
+    a library kernel each: matmuls, convolutions, sorts, scans, attention).
     Copies and reshapes count as neither: inductor folds them into their readers."""
-    loops = others = 0
+    loops = kernels = 0
     for node in compute_nodes(gm):
         if not is_computing_op(node) or node.target in _FOLDED:
             continue
-        if node.target in _LOOP_OPS or torch.Tag.pointwise in getattr(node.target, "tags", ()):
-            loops += 1
+        target = node.target
+        if target in _MATMULS or target in _CONVOLUTIONS or target in _LIBRARY_KERNELS:
+            kernels += 1
         else:
-            others += 1
-    return loops, others
+            loops += 1
+    return loops, kernels
 
 
 def convolution_flops(gm: torch.fx.GraphModule) -> int | None:

@@ -748,35 +748,47 @@ def test_a_convolution_bound_graph_tries_inductor_only_where_onnx_is_near_the_tr
 
 
 @pytest.mark.parametrize(
-    ("loops", "routed_s", "route"),
-    [(True, 0.95e-3, "inductor"), (True, 0.7e-3, "onnxrt"), (False, 0.95e-3, "eager")],
-    ids=["loops-near", "loops-far-ahead", "matmuls-near"],
+    ("model", "routed_s", "route"),
+    [
+        ("einsum_masked", 0.95e-3, "inductor"),
+        ("einsum_masked", 0.3e-3, "inductor"),
+        ("python_loop", 0.7e-3, "onnxrt"),
+        ("mlp", 0.95e-3, "eager"),
+    ],
+    ids=["loops-near", "loops-far-ahead", "short-runs-of-loops", "matmuls"],
 )
 @torch.no_grad()
-def test_a_graph_under_the_trial_bar_tries_inductor_only_where_it_is_mostly_loops_and_onnx_is_near(
-    ort_costs, monkeypatch, loops, routed_s, route
+def test_a_graph_under_the_trial_bar_tries_inductor_only_where_it_is_mostly_loops(
+    ort_costs, monkeypatch, model, routed_s, route
 ):
     """Every graph here runs under ``INDUCTOR_TRIAL_S`` (the fake clock's bar is 1 s).
     The wider set's einsum_masked (a bmm, then ten pointwise ops and reductions)
-    ran 67.6 µs as traced and 31.1 under plain inductor, which fuses them into a
-    few loops; auto ran it as traced. Where ORT leads by much, or the graph is
-    matmuls with an activation between (the small MLP), nothing is compiled."""
+    ran 66.9 µs as traced and 31.1 under plain inductor, which fuses them into a
+    few loops; auto ran it as traced. python_loop (tanh and add between four
+    linears, then a chain of nine) ran faster on ORT; nothing is compiled there,
+    nor for the small MLP."""
+    from benchmarks.zoo.models import PythonLoop
+
     compiles = []
     real_plain = plain_inductor.compile_plain
     monkeypatch.setattr(
         plain_inductor, "compile_plain", lambda *args: compiles.append(args[0]) or real_plain(*args)
     )
     ort_costs[:] = [routed_s, 1e-3]
-    ort_costs.inductor = 0.4e-3
+    ort_costs.inductor = 0.2e-3
     torch.manual_seed(0)
-    model, x = (EinsumMasked().eval(), torch.randn(2, 4, 8, 32)) if loops else (small(), torch.randn(8, 16))
-    compiled, graphs = _compiled(model, x)
-    _calls(compiled, model, x, INDUCTOR_TRIAL_LENGTH)
+    module, x = {
+        "einsum_masked": lambda: (EinsumMasked().eval(), torch.randn(2, 4, 8, 32)),
+        "python_loop": lambda: (PythonLoop().eval(), torch.randn(8, 128)),
+        "mlp": lambda: (small(), torch.randn(8, 16)),
+    }[model]()
+    compiled, graphs = _compiled(module, x)
+    _calls(compiled, module, x, INDUCTOR_TRIAL_LENGTH)
     (region,) = _regions(graphs)
     first = f"as routed {format_seconds(routed_s)}, as traced 1.00 ms"
     assert region.route == route and region.planned_route in ("onnxrt", None)
     if route == "inductor":
-        assert region.measured[IN_PLACE] == f"{first}, {PLAIN_INDUCTOR} 400.0 µs"
+        assert region.measured[IN_PLACE] == f"{first}, {PLAIN_INDUCTOR} 200.0 µs"
         assert len(compiles) == 1
     else:
         assert region.measured[IN_PLACE] == first

@@ -356,9 +356,9 @@ def test_a_network_of_convolutions_is_convolution_bound_and_a_transformer_is_not
     assert not conv_bound([network])
 
 
-def test_pointwise_ops_and_reductions_count_as_loops_and_matmuls_end_their_runs():
+def test_ops_inductor_writes_as_loops_count_as_such_and_library_kernels_end_their_runs():
     from benchmarks.zoo.models import PythonLoop
-    from benchmarks.zoo.patterns import EinsumMasked
+    from benchmarks.zoo.patterns import EinsumMasked, TopKScatter
     from dispatch.inductor_bar import mostly_loops
     from dispatch.work import loop_ops
 
@@ -371,6 +371,8 @@ def test_pointwise_ops_and_reductions_count_as_loops_and_matmuls_end_their_runs(
     chain = _as_onnx_region(PythonLoop(), torch.randn(32, 128))
     assert loop_ops(chain.gm) == (17, 4)
     assert not mostly_loops([chain])
+    # softmax, zeros_like, scatter, gather, argmax; addmm, topk, sort and cumsum run library kernels
+    assert loop_ops(_as_onnx_region(TopKScatter(), torch.randn(4, 10, 64)).gm) == (5, 4)
     model, args = LARGE
     assert not mostly_loops([_as_onnx_region(model, *args)])
     einsum.chain = ["eager"]  # only the ORT regions count

@@ -22,6 +22,7 @@ from functools import partial
 
 from .fifth_sweep import FIFTH_SWEEP
 from .fourth_sweep import FOURTH_SWEEP
+from .layer_patterns import LAYER_PATTERNS
 from .models import (
     _SMALL_SWIN,
     _SMALL_VISION,
@@ -285,6 +286,7 @@ WIDER: dict[str, ZooModel] = {
         ZooModel("timm_repvgg", "timm", _timm("repvgg_a0")),
         ZooModel("timm_inception_v3", "timm", _timm("inception_v3", inputs=partial(_image, size=96))),
         *(ZooModel(name, "pattern", build) for name, build in PATTERNS.items()),
+        *(ZooModel(name, "pattern", build) for name, build in LAYER_PATTERNS.items()),
         *THIRD_SWEEP.values(),
         *FOURTH_SWEEP.values(),
         *FIFTH_SWEEP.values(),
