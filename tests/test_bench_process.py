@@ -47,11 +47,13 @@ def test_the_wider_sets_code_patterns_build_and_run_eagerly():
     # inputs, so that a zoo run over the wider set measures it instead of failing.
     import torch
 
+    from benchmarks.zoo.layer_patterns import LAYER_PATTERNS
     from benchmarks.zoo.patterns import PATTERNS
     from benchmarks.zoo.wider import WIDER
 
-    assert {n for n, m in WIDER.items() if m.source == "pattern"} == set(PATTERNS)
-    for name in PATTERNS:
+    patterns = {**PATTERNS, **LAYER_PATTERNS}
+    assert {n for n, m in WIDER.items() if m.source == "pattern"} == set(patterns)
+    for name in patterns:
         model, inputs = WIDER[name].build()
         with torch.no_grad():
             out = model.eval()(*inputs)
