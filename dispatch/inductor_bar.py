@@ -78,17 +78,16 @@ CONV_BOUND_SHARE = 0.5
 # (matmuls, convolutions, sorts, attention: each ends a run of loops that inductor
 # fuses). Run as traced each such op costs a dispatch of a few µs, and on ORT
 # about one, for little work; inductor runs a run of them as one loop nest.
-# Measured in place and in the zoo (Intel Xeon, AVX-512, 2 cores, 2026-12-06;
-# loops a run; leader's time; plain inductor's):
+# Measured in the zoo (Intel Xeon, AVX-512, 2 cores, 2026-12-06; loops a run;
+# auto's time before the rule, on the route it kept; plain inductor's):
 #   einsum_masked 5.0, as traced 66.9 µs, inductor 31.1; masked_positions 6.0,
-#   as traced 68.8, inductor 37.5; focal_loss 8.0, ORT 35.2 at 0.50 of the
-#   traced graph's time, inductor 27.6; smoothed_cross_entropy 8.0, as traced
-#   77.9, inductor 54.4.
-# Under 4, ORT or the traced graph ran faster than inductor: python_loop 3.4
-# (ORT 93.0 against 102.1), pixel_shuffle 3.3 (84.8 against 129.1), swiglu_block
-# 2.3, masked_attention 2.0; and the zoo's small graphs with under LOOP_OPS loops
-# (inplace_input, 5: inductor 42.5 against the floor's 43.7; dict_list_outputs,
-# data_dependent, topk_scatter).
+#   as traced 68.8, inductor 37.5; focal_loss 8.0, ORT 35.2 (at 0.50 of the
+#   traced graph's time in place), inductor 27.6.
+# Under 4 a run ORT ran faster than inductor: python_loop 3.4 (93.6 against
+# 104.8), pixel_shuffle 3.3 (86.0 against 129.7), swiglu_block 2.3,
+# masked_attention 2.0; and under LOOP_OPS loops inductor ran no faster than
+# the traced graph (inplace_input, 5: 42.5 against the floor's 43.7;
+# dict_list_outputs, data_dependent, topk_scatter).
 LOOP_OPS = 8
 LOOPS_PER_RUN = 4
 
