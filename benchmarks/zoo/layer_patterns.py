@@ -2,8 +2,10 @@
 wider``) since 2026-12-06: rotary self-attention, a SwiGLU block behind an RMS
 norm, a focal loss, a diffusion U-Net's GroupNorm-SiLU residual block with
 its timestep embedding, a recommender's EmbeddingBag towers, position ids
-from an attention mask (HF's ``cumsum`` trick) and a cross-entropy with label
-smoothing and ignored tokens. Small graphs of many pointwise ops, reductions
+from an attention mask (HF's ``cumsum`` trick), a cross-entropy with label
+smoothing and ignored tokens; ALiBi attention, a WaveNet block, image
+preprocessing in the model, a detector's box decoding, CLIP's contrastive
+loss and a mixture of experts' top-2 router. Small graphs of many pointwise ops, reductions
 and integer ops beside few matmuls, the kind ``inductor_bar.mostly_loops`` is
 about. Built with their inputs, as the zoo's own patterns are.
 """
@@ -152,6 +154,118 @@ class SmoothedCrossEntropy(nn.Module):
         return F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=0.1)
 
 
+class ALiBiAttention(nn.Module):
+    """Self-attention with ALiBi's linear position bias built in the forward from
+    ``arange`` and per-head slopes, and a causal mask, written out with matmuls."""
+
+    def __init__(self, dim: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.register_buffer("slopes", 2.0 ** (-8.0 * torch.arange(1, heads + 1) / heads))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        pos = torch.arange(t)
+        bias = (pos[None, :] - pos[:, None]).to(x.dtype) * self.slopes[:, None, None]
+        scores = q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5 + bias
+        scores = scores.masked_fill(pos[None, :] > pos[:, None], float("-inf"))
+        y = scores.softmax(-1) @ v
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class WaveNetBlock(nn.Module):
+    """A dilated causal 1-d convolution with WaveNet's gate (``tanh * sigmoid``),
+    residual and skip 1x1 convolutions."""
+
+    def __init__(self, channels: int = 32) -> None:
+        super().__init__()
+        self.dilated = nn.Conv1d(channels, 2 * channels, 2, dilation=4)
+        self.residual = nn.Conv1d(channels, channels, 1)
+        self.skip = nn.Conv1d(channels, channels, 1)
+
+    def forward(self, x):
+        h = self.dilated(F.pad(x, (4, 0)))
+        a, b = h.chunk(2, dim=1)
+        gated = torch.tanh(a) * torch.sigmoid(b)
+        return x + self.residual(gated), self.skip(gated)
+
+
+class ImagePreprocess(nn.Module):
+    """Preprocessing inside the model: uint8-range input scaled, normalised by
+    per-channel mean and std, clamped, resized bilinearly, then a stem conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1))
+        self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        x = ((x.clamp(0, 255) / 255.0) - self.mean) / self.std
+        x = F.interpolate(x, size=(32, 32), mode="bilinear", align_corners=False)
+        return self.stem(x)
+
+
+class BoxDecoder(nn.Module):
+    """A detector's box decoding: deltas from a linear head applied to anchors
+    (``exp`` of clamped sizes, centres to corners), scores by sigmoid."""
+
+    def __init__(self, anchors: int = 64) -> None:
+        super().__init__()
+        self.head = nn.Linear(32, 5)
+        g = torch.Generator().manual_seed(1)
+        self.register_buffer("anchors", torch.rand(anchors, 4, generator=g) * 64 + 8)
+
+    def forward(self, features):
+        out = self.head(features)
+        deltas, logits = out[..., :4], out[..., 4]
+        cx = self.anchors[:, 0] + deltas[..., 0] * self.anchors[:, 2]
+        cy = self.anchors[:, 1] + deltas[..., 1] * self.anchors[:, 3]
+        w = self.anchors[:, 2] * torch.exp(deltas[..., 2].clamp(max=4.0))
+        h = self.anchors[:, 3] * torch.exp(deltas[..., 3].clamp(max=4.0))
+        boxes = torch.stack((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), dim=-1)
+        return boxes.clamp(0, 128), logits.sigmoid()
+
+
+class ContrastiveLoss(nn.Module):
+    """CLIP's loss over a batch: two projections, L2 normalisation, a learned
+    temperature, cross-entropy in both directions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.image = nn.Linear(64, 32)
+        self.text = nn.Linear(48, 32)
+        self.logit_scale = nn.Parameter(torch.tensor(2.659))
+
+    def forward(self, image, text):
+        a = F.normalize(self.image(image), dim=-1)
+        b = F.normalize(self.text(text), dim=-1)
+        logits = self.logit_scale.exp() * a @ b.t()
+        labels = torch.arange(logits.shape[0])
+        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
+
+
+class Top2Router(nn.Module):
+    """A mixture of experts' top-2 router: softmax gates, ``topk``, renormalised
+    weights, a one-hot dispatch mask and the load-balancing loss."""
+
+    def __init__(self, dim: int = 64, experts: int = 8) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, experts, bias=False)
+        self.experts = experts
+
+    def forward(self, x):
+        probs = self.gate(x).softmax(-1)
+        weights, chosen = probs.topk(2, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        mask = F.one_hot(chosen, self.experts).sum(-2).to(x.dtype)
+        balance = (mask.mean(0) * probs.mean(0)).sum() * self.experts
+        return weights, mask, balance
+
+
 def _gen() -> torch.Generator:
     return torch.Generator().manual_seed(0)
 
@@ -167,6 +281,17 @@ LAYER_PATTERNS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]
     ),
     "embedding_bag_towers": _pattern(EmbeddingBagTowers, inputs=lambda: _tokens(0, batch=16, seq=8)),
     "masked_positions": _pattern(MaskedPositions, inputs=lambda: _tokens(batch=4, seq=32)),
+    "alibi_attention": _pattern(ALiBiAttention, 2, 32, 64),
+    "wavenet_block": _pattern(WaveNetBlock, 2, 32, 200),
+    "image_preprocess": _pattern(
+        ImagePreprocess, inputs=lambda: (torch.rand(2, 3, 48, 48, generator=_gen()) * 255,)
+    ),
+    "box_decoder": _pattern(BoxDecoder, 2, 64, 32),
+    "contrastive_loss": _pattern(
+        ContrastiveLoss,
+        inputs=lambda: (torch.randn(16, 64, generator=_gen()), torch.randn(16, 48, generator=_gen())),
+    ),
+    "top2_router": _pattern(Top2Router, 64, 64),
     "smoothed_cross_entropy": _pattern(
         SmoothedCrossEntropy,
         inputs=lambda: (
