@@ -107,8 +107,13 @@ def _onnx_total(
 ) -> int | None:
     """``measure`` summed over the ONNX Runtime regions among ``runners`` (0 with
     none); None where it is None for one of them."""
-    counts = [measure(r.gm) for r in runners if r.chain[0] == CUTTING_ROUTE]
+    counts = [measure(gm) for gm in _onnx_graphs(runners)]
     return None if None in counts else sum(c for c in counts if c is not None)
+
+
+def _onnx_graphs(runners: Sequence[RegionRunner]) -> list[torch.fx.GraphModule]:
+    """The graphs of the ONNX Runtime regions among ``runners``."""
+    return [r.gm for r in runners if r.chain[0] == CUTTING_ROUTE]
 
 
 def many_small_ops(runners: Sequence[RegionRunner]) -> bool:
@@ -149,7 +154,7 @@ def mostly_loops(runners: Sequence[RegionRunner]) -> bool:
     """Whether the ONNX Runtime regions among ``runners`` are mostly ops inductor
     writes as loops (``LOOP_OPS``, ``LOOPS_PER_RUN``): a small graph of them
     runs faster as a few fused loop nests than op by op."""
-    counts = [loop_ops(r.gm) for r in runners if r.chain[0] == CUTTING_ROUTE]
+    counts = [loop_ops(gm) for gm in _onnx_graphs(runners)]
     loops, kernels = sum(c[0] for c in counts), sum(c[1] for c in counts)
     return loops >= LOOP_OPS and loops >= LOOPS_PER_RUN * (kernels + 1)
 
@@ -193,10 +198,8 @@ def _onnx_data_moved(runners: Sequence[RegionRunner]) -> tuple[int, int] | None:
     """``work.data_moved`` summed over the ONNX Runtime regions among ``runners``
     ((0, 0) with none); None where a size is symbolic."""
     moved = matmul = 0
-    for runner in runners:
-        if runner.chain[0] != CUTTING_ROUTE:
-            continue
-        counts = data_moved(runner.gm)
+    for gm in _onnx_graphs(runners):
+        counts = data_moved(gm)
         if counts is None:
             return None
         moved, matmul = moved + counts[0], matmul + counts[1]

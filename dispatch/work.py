@@ -118,7 +118,7 @@ def loop_ops(gm: torch.fx.GraphModule) -> tuple[int, int]:
     a library kernel each: matmuls, convolutions, sorts, scans, attention).
     Copies and reshapes count as neither: inductor folds them into their readers."""
     loops = kernels = 0
-    for node in compute_nodes(gm):
+    for node in gm.graph.nodes:
         if not is_computing_op(node) or node.target in _FOLDED:
             continue
         target = node.target
