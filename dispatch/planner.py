@@ -24,7 +24,7 @@ from .inspect import (
     is_view_op,
     node_device_indices,
     op_name,
-    returns_to_caller,
+    view_to_caller_reason,
 )
 from .partition import form_regions
 from .region import BY_RULE, DISABLED, NOT_ALLOWED, GraphPlan, Region
@@ -127,8 +127,10 @@ def route_verdict(
         return WHY_DEVICE, route.device_reason(device)
     if facts.needs_grad and not route.trains:
         return WHY_OP, f"{facts.kind} graph of a training step: {route.name} runs inference only"
-    if not route.keeps_aliases and is_view_op(node) and returns_to_caller(node):
-        return WHY_OP, f"{op_name(node)} returns a view to the caller; {route.name} would return a copy"
+    if not route.keeps_aliases and is_view_op(node):
+        aliasing = view_to_caller_reason(node)
+        if aliasing:
+            return WHY_OP, f"{op_name(node)} {aliasing}; {route.name} would return a copy"
     reason = route.supports(node, facts)
     return None if reason is None else (WHY_OP, reason)
 
