@@ -18,17 +18,33 @@ The sides run in blocks of calls (``BLOCK_CALLS``), each side's blocks in a
 shuffled order. A call from another thread, a call made inside a timing loop
 (``timing_loop``: autotune's, back to back) or a call left untimed breaks the
 block it falls in: that block is not counted.
+
+Calls of a graph with symbolic sizes differ in work from one to the next (a
+sequence length per request). Each such call then comes with its size (the
+log2 of its largest input's element count), and a block is compared only with the other
+sides' blocks of the same size class (``SIZE_CLASSES_PER_OCTAVE``): a side
+whose blocks fell on the long sequences would lose for them. Where the sizes
+seldom repeat, the blocks of all sizes are compared once there are
+``UNCLASSED_BLOCKS`` times as many: on a steady mix of sizes the shuffled order
+gives each side the same mix, with more spread.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import random
 import statistics
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from .inspect import META_EXAMPLE_VALUE
 
 # Periods are compared where each side's median period is at most this many
 # times its median call; past it the call is under a tenth of what a period
@@ -39,6 +55,13 @@ PERIOD_SPAN = 10.0
 # of the step, were the sides to alternate call by call; a block of 4 holds
 # whole steps for k of 1, 2 and 4.
 BLOCK_CALLS = 4
+# Blocks of calls whose mean size (log2 of an element count) rounds to the same
+# multiple of 1/SIZE_CLASSES_PER_OCTAVE are compared with each other: work
+# within one class differs by under 2**(1/2) = 1.41x.
+SIZE_CLASSES_PER_OCTAVE = 2
+# Blocks of all sizes are compared once each side has this many times the
+# blocks it would need within classes.
+UNCLASSED_BLOCKS = 4
 _loop = threading.local()
 _SEEDS = itertools.count()
 
@@ -77,11 +100,14 @@ class CallPeriods:
         self.sides = list(sides)
         self.durations: dict[str, list[float]] = {side: [] for side in self.sides}
         self.periods: dict[str, list[float]] = {side: [] for side in self.sides}
+        #: each block's size class (None: calls without a size)
+        self.classes: dict[str, list[int | None]] = {side: [] for side in self.sides}
         self._order: list[str] = []
         self._block: _Block | None = None
 
-    def start(self) -> float:
-        """The start of a timed call; it ends the period of a full block before it."""
+    def start(self, size: float | None = None) -> float:
+        """The start of a timed call (of ``size``, where calls differ in work: the
+        log2 of its largest input's element count); it ends the period of a full block before it."""
         now = self.clock()
         block = self._block
         if block is not None and block.thread != threading.get_ident():
@@ -89,12 +115,14 @@ class CallPeriods:
         if block is not None and block.calls == BLOCK_CALLS:
             self.periods[block.side].append((now - block.start) / BLOCK_CALLS)
             self.durations[block.side].append(block.busy / BLOCK_CALLS)
+            self.classes[block.side].append(block.size_class())
             block = self._block = None
         if block is None:
             if not self._order:  # each side once per round, rounds shuffled
                 self._order = list(self.sides)
                 self._random.shuffle(self._order)
-            self._block = _Block(self._order.pop(), now, threading.get_ident())
+            self._block = block = _Block(self._order.pop(), now, threading.get_ident())
+        block.sizes.append(size)
         return now
 
     @property
@@ -114,23 +142,81 @@ class CallPeriods:
         """An untimed call ran: the block it broke is not counted."""
         self._block = None
 
-    def counted(self) -> int:
-        """The fewest blocks recorded, over the sides."""
-        return min(len(self.periods[s]) for s in self.sides)
+    def counted(self, skip: int = 0) -> int:
+        """The fewest blocks recorded past the first ``skip``, over the sides; where
+        calls come with sizes, the fewest that another side's blocks of the same
+        size class can be compared with, or ``UNCLASSED_BLOCKS`` times fewer of all sizes."""
+        recorded = min(len(self.periods[s]) for s in self.sides) - skip
+        shared = self._shared_classes(skip)
+        if shared is None:
+            return max(recorded, 0)
+        return max(self._in_classes(shared, skip), recorded // UNCLASSED_BLOCKS)
 
     def calls(self, skip: int = 0) -> dict[str, float]:
         """Each side's median call, its own time alone; the first ``skip`` blocks left out."""
-        return {s: statistics.median_high(self.durations[s][skip:]) for s in self.sides}
+        return self._medians(self.durations, skip)
 
     def seconds(self, skip: int = 0) -> tuple[dict[str, float], str]:
         """Each side's median period per call, or where a period is mostly other
         work (``PERIOD_SPAN``) each side's median call; the first ``skip`` blocks
         of each side left out. Also which of the two was compared."""
         durations = self.calls(skip)
-        periods = {s: statistics.median_high(self.periods[s][skip:]) for s in self.sides}
+        periods = self._medians(self.periods, skip)
         if all(periods[s] <= PERIOD_SPAN * durations[s] for s in self.sides):
             return periods, "period"
         return durations, "call"
+
+    def _medians(self, values: dict[str, list[float]], skip: int) -> dict[str, float]:
+        """Each side's median of ``values`` past its first ``skip`` blocks; where calls
+        come with sizes and enough blocks share size classes, the geometric mean
+        over those classes of its median there, so that each side is judged on
+        the same sizes."""
+        shared = self._shared_classes(skip)
+        recorded = min(len(self.periods[s]) for s in self.sides) - skip
+        if not shared or self._in_classes(shared, skip) * UNCLASSED_BLOCKS < recorded:
+            return {s: statistics.median_high(values[s][skip:]) for s in self.sides}
+        medians = {}
+        for s in self.sides:
+            by_class: dict[int, list[float]] = {}
+            for value, size_class in zip(values[s][skip:], self.classes[s][skip:]):
+                if size_class in shared:
+                    by_class.setdefault(size_class, []).append(value)
+            medians[s] = statistics.geometric_mean(statistics.median_high(v) for v in by_class.values())
+        return medians
+
+    def _shared_classes(self, skip: int) -> set[int] | None:
+        """The size classes every side has a block of past its first ``skip``; None
+        where the calls come without sizes."""
+        if all(c is None for s in self.sides for c in self.classes[s]):
+            return None
+        per_side = [{c for c in self.classes[s][skip:] if c is not None} for s in self.sides]
+        return set.intersection(*per_side) if per_side else set()
+
+    def _in_classes(self, shared: set[int], skip: int) -> int:
+        """The fewest blocks past the first ``skip`` in ``shared`` classes, over the sides."""
+        return min(sum(c in shared for c in self.classes[s][skip:]) for s in self.sides)
+
+
+def call_size(gm: torch.fx.GraphModule) -> Callable[[Sequence[Any]], float] | None:
+    """What a call of Dynamo's graph ``gm`` weighs, for ``CallPeriods.start``: the
+    log2 of the element count of its largest input of symbolic shape (a batch of
+    sequences, a decoder's cache); None for a graph of static sizes. Not the
+    product of its size symbols: a decoding step's many symbols all follow the
+    cache's length, and their product split the calls of one length into too
+    many classes to compare."""
+    positions = [
+        i
+        for i, node in enumerate(gm.graph.find_nodes(op="placeholder"))
+        if isinstance(value := node.meta.get(META_EXAMPLE_VALUE), torch.Tensor)
+        and any(isinstance(d, torch.SymInt) for d in value.shape)
+    ]
+    if not positions:
+        return None
+
+    def size(args: Sequence[Any]) -> float:
+        return math.log2(max(max(args[i].numel() for i in positions), 1))
+
+    return size
 
 
 @dataclass
@@ -140,3 +226,11 @@ class _Block:
     thread: int
     calls: int = 0
     busy: float = 0.0  # seconds inside the block's calls
+    sizes: list[float | None] = field(default_factory=list)  # each call's, where calls differ
+
+    def size_class(self) -> int | None:
+        """The block's class of mean size (``SIZE_CLASSES_PER_OCTAVE``); None without sizes."""
+        sizes = [s for s in self.sizes if s is not None]
+        if not sizes:
+            return None
+        return round(SIZE_CLASSES_PER_OCTAVE * sum(sizes) / len(sizes))

@@ -22,15 +22,21 @@ class TrialSlot:
     untimed: the state a graph leaves only where that measured faster, so that
     what is kept never makes the model slower than a backend that does nothing.
     A trial whose graph has not been called for ``STALE_S`` loses its turn (a
-    graph run once at start-up must not hold the others back), and one whose
-    model is gone loses it at once: the turn is held by a weak reference, which
-    keeps no deleted model's regions and sessions alive."""
+    graph run once at start-up must not hold the others back), and so does one
+    whose graph the waiting graphs' calls outnumber ``STALE_CALLS`` to one: a
+    decoder's prompt graph, run once per ``generate``, held the turn for the
+    trial's hundred-odd calls while its decoding-step graph, run 31 times as
+    often, waited as traced at eager's speed. One whose model is gone loses it
+    at once: the turn is held by a weak reference, which keeps no deleted
+    model's regions and sessions alive."""
 
     STALE_S = 1.0
+    STALE_CALLS = 16
 
     def __init__(self) -> None:
         self._owner: weakref.ref[Any] | None = None
         self._seen = 0.0
+        self._waited = 0  # the waiting graphs' calls since the owner's last
         self._lock = threading.Lock()
 
     def take(self, trial: Any) -> bool:
@@ -38,9 +44,15 @@ class TrialSlot:
         now = monotonic()
         with self._lock:
             owner = self._owner() if self._owner is not None else None
-            if owner is not None and owner is not trial and now - self._seen < self.STALE_S:
+            if (
+                owner is not None
+                and owner is not trial
+                and now - self._seen < self.STALE_S
+                and self._waited < self.STALE_CALLS
+            ):
+                self._waited += 1
                 return False
-            self._owner, self._seen = weakref.ref(trial), now
+            self._owner, self._seen, self._waited = weakref.ref(trial), now, 0
             return True
 
     def release(self, trial: Any) -> None:

@@ -4,7 +4,14 @@ import threading
 
 import pytest
 
-from dispatch.call_periods import BLOCK_CALLS, PERIOD_SPAN, CallPeriods, in_timing_loop, timing_loop
+from dispatch.call_periods import (
+    BLOCK_CALLS,
+    PERIOD_SPAN,
+    UNCLASSED_BLOCKS,
+    CallPeriods,
+    in_timing_loop,
+    timing_loop,
+)
 
 
 class _Clock:
@@ -96,3 +103,60 @@ def test_trials_on_the_same_calls_take_their_sides_in_different_orders():
         orders.append(sides[::BLOCK_CALLS])
     assert orders[0] != orders[1]
     assert sorted(orders[0]) == sorted(orders[1])  # each side as often
+
+
+# A seed whose shuffled order gives side b the short blocks: unclassed, b, 1.1x
+# slower, looks 30x faster.
+SEED = 0
+
+
+def _sized_blocks(
+    periods: CallPeriods, clock: _Clock, sizes: list[float], slower: float, classed: bool = True
+) -> list[str]:
+    """A block of calls at each of ``sizes``, each call costing 2**size, on side b
+    ``slower`` times that; the sides' order is the trial's own. ``classed``: the
+    calls come with their sizes."""
+    sides = []
+    for size in sizes:
+        for _ in range(BLOCK_CALLS):
+            start = periods.start(size if classed else None)
+            side = periods.side
+            clock.now += 2.0**size * (slower if side == "b" else 1.0)
+            periods.end(start)
+        sides.append(side)
+    periods.start()
+    return sides
+
+
+def test_calls_that_differ_in_size_are_compared_within_a_size_class():
+    """A graph of symbolic sizes (a sequence length per request): whichever side
+    ran the long sequences lost for them. Within classes side b is 1.1x side a,
+    whatever sizes each drew."""
+    sizes = [1.0, 6.0] * 8
+    clock = _Clock()
+    periods = CallPeriods(["a", "b"], clock, seed=SEED)
+    sides = _sized_blocks(periods, clock, sizes, slower=1.1)
+    drew = {side: sorted(size for size, s in zip(sizes, sides) if s == side) for side in "ab"}
+    assert drew["a"] != drew["b"]  # the shuffled order gave them different mixes
+    assert periods.counted() >= 2
+    seconds, measure = periods.seconds()
+    assert measure == "period"
+    assert seconds["b"] / seconds["a"] == pytest.approx(1.1)
+    calls = periods.calls(skip=1)
+    assert calls["b"] / calls["a"] == pytest.approx(1.1)
+    # Unclassed, the same calls judge by which side drew the long ones.
+    clock = _Clock()
+    plain = CallPeriods(["a", "b"], clock, seed=SEED)
+    _sized_blocks(plain, clock, sizes, slower=1.1, classed=False)
+    seconds, _ = plain.seconds()
+    assert seconds["b"] / seconds["a"] != pytest.approx(1.1, rel=0.5)
+
+
+def test_sizes_that_never_repeat_are_compared_all_together_once_there_are_enough_blocks():
+    clock = _Clock()
+    periods = CallPeriods(["a", "b"], clock, seed=0)
+    _sized_blocks(periods, clock, [float(k) for k in range(4 * UNCLASSED_BLOCKS)], slower=1.0)
+    assert periods.counted() == 2 * UNCLASSED_BLOCKS // UNCLASSED_BLOCKS
+    assert periods.counted(skip=1) == (2 * UNCLASSED_BLOCKS - 1) // UNCLASSED_BLOCKS
+    seconds, _ = periods.seconds()
+    assert set(seconds) == {"a", "b"}

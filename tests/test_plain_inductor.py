@@ -21,7 +21,9 @@ class _Step(torch.nn.Module):
         return torch.relu(self.linear(x)) * 2
 
 
-def _dynamo_graph(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.fx.GraphModule, list]:
+def _dynamo_graph(
+    model: torch.nn.Module, x: torch.Tensor, dynamic: bool | None = None
+) -> tuple[torch.fx.GraphModule, list]:
     graphs = []
 
     def capture(gm, example_inputs):
@@ -29,7 +31,7 @@ def _dynamo_graph(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.fx.Gra
         return gm.forward
 
     torch._dynamo.reset()
-    torch.compile(model, backend=capture)(x)
+    torch.compile(model, backend=capture, dynamic=dynamic)(x)
     ((gm, example_inputs),) = graphs
     return gm, example_inputs
 
@@ -57,3 +59,24 @@ def test_the_graph_as_plain_inductor_compiles_it_is_served_by_inductors_cache_th
     out = compiled(*args)  # the Dynamo graph's inputs: the buffer itself among them
     torch.testing.assert_close(out[0], reference(x))
     torch.testing.assert_close(model.seen, seen + x.sum(0))  # updated once, in place
+
+
+@torch.no_grad()
+def test_a_graph_of_symbolic_sizes_compiles_for_every_size():
+    """Dynamo's graph keeps its values under "example_value", not "val": read from
+    "val" only, every size was static, and the program compiled for one call's
+    rows refused every other row count."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.ReLU()).eval()
+    gm, _ = _dynamo_graph(model, torch.randn(4, 6), dynamic=True)
+    weight, bias = model[0].weight, model[0].bias
+
+    def call(x: torch.Tensor) -> list:  # the graph's inputs on a call: weights, the row count, x
+        return [weight, bias, x.shape[0], x]
+
+    size = gm.graph.find_nodes(op="placeholder")[2]
+    assert isinstance(size.meta["example_value"], torch.SymInt)
+    compiled = compile_plain(gm, call(torch.randn(4, 6)), Config())
+    for rows in (4, 9):
+        x = torch.randn(rows, 6)
+        torch.testing.assert_close(compiled(*call(x))[0], model(x))

@@ -30,7 +30,7 @@ import torch.fx
 from ..aoti_load_check import check_package_loads, needs_load_check
 from ..cache import current_cache
 from ..inductor_isa import probe_vector_isas
-from ..inspect import META_VAL
+from ..inspect import META_EXAMPLE_VALUE, META_VAL
 from .base import Availability, CompiledFn, PreprocessResult, RegionProgram, Route, op_handles
 from .onnx_guards import ShapeClasses, over_args
 from .registry import registry
@@ -151,7 +151,9 @@ def fake_inputs(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> tuple
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
     fakes: list[Any] = []
     for i, (node, arg) in enumerate(zip(placeholders, args, strict=True)):
-        value = node.meta.get(META_VAL)
+        # A region's aten graph holds its values under "val", Dynamo's graph (the
+        # in-place trial's plain inductor) under "example_value".
+        value = node.meta.get(META_VAL, node.meta.get(META_EXAMPLE_VALUE))
         source = ConstantSource(f"region_input_{i}")
         if isinstance(arg, torch.Tensor):
             sizes = value.shape if isinstance(value, torch.Tensor) else arg.shape
