@@ -249,7 +249,7 @@ def view_to_caller_reason(node: torch.fx.Node) -> str | None:
         return None
     root = view_root(node)
     if root.op in ("placeholder", "get_attr"):
-        return "returns to the caller a view of an input, which writes to it would change"
+        return "returns to the caller a view of an input, whose writes reach the input"
     output = next(user for user in node.users if user.op == "output")
     if any(view_root(other) is root for other in output.all_input_nodes if other is not node):
         return "returns to the caller a view of a value another output shows"
