@@ -1,5 +1,6 @@
 """A trial's calls timed on the user's program: by block, from one block's start to the next's."""
 
+import statistics
 import threading
 
 import pytest
@@ -153,10 +154,14 @@ def test_calls_that_differ_in_size_are_compared_within_a_size_class():
 
 
 def test_sizes_that_never_repeat_are_compared_all_together_once_there_are_enough_blocks():
+    """Random lengths: no two blocks share a class, so the blocks of all sizes
+    count, UNCLASSED_BLOCKS of them for one compared within a class."""
     clock = _Clock()
     periods = CallPeriods(["a", "b"], clock, seed=0)
-    _sized_blocks(periods, clock, [float(k) for k in range(4 * UNCLASSED_BLOCKS)], slower=1.0)
-    assert periods.counted() == 2 * UNCLASSED_BLOCKS // UNCLASSED_BLOCKS
-    assert periods.counted(skip=1) == (2 * UNCLASSED_BLOCKS - 1) // UNCLASSED_BLOCKS
+    blocks = 2 * UNCLASSED_BLOCKS  # each side's
+    _sized_blocks(periods, clock, [float(k) for k in range(2 * blocks)], slower=1.0)
+    assert all(len(set(periods.classes[s])) == blocks for s in "ab")  # no class shared
+    assert periods.counted() == blocks // UNCLASSED_BLOCKS == 2
+    assert periods.counted(skip=1) == (blocks - 1) // UNCLASSED_BLOCKS == 1
     seconds, _ = periods.seconds()
-    assert set(seconds) == {"a", "b"}
+    assert seconds == {s: statistics.median_high(periods.periods[s]) for s in "ab"}
