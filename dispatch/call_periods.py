@@ -146,11 +146,10 @@ class CallPeriods:
         """The fewest blocks recorded past the first ``skip``, over the sides; where
         calls come with sizes, the fewest that another side's blocks of the same
         size class can be compared with, or ``UNCLASSED_BLOCKS`` times fewer of all sizes."""
-        recorded = min(len(self.periods[s]) for s in self.sides) - skip
-        shared = self._shared_classes(skip)
-        if shared is None:
-            return max(recorded, 0)
-        return max(self._in_classes(shared, skip), recorded // UNCLASSED_BLOCKS)
+        classes = self._compared_classes(skip)
+        if classes is not None:
+            return self._in_classes(classes, skip)
+        return max(self._recorded(skip) // (UNCLASSED_BLOCKS if self._sized() else 1), 0)
 
     def calls(self, skip: int = 0) -> dict[str, float]:
         """Each side's median call, its own time alone; the first ``skip`` blocks left out."""
@@ -171,26 +170,37 @@ class CallPeriods:
         come with sizes and enough blocks share size classes, the geometric mean
         over those classes of its median there, so that each side is judged on
         the same sizes."""
-        shared = self._shared_classes(skip)
-        recorded = min(len(self.periods[s]) for s in self.sides) - skip
-        if not shared or self._in_classes(shared, skip) * UNCLASSED_BLOCKS < recorded:
+        classes = self._compared_classes(skip)
+        if classes is None:
             return {s: statistics.median_high(values[s][skip:]) for s in self.sides}
         medians = {}
         for s in self.sides:
             by_class: dict[int, list[float]] = {}
             for value, size_class in zip(values[s][skip:], self.classes[s][skip:]):
-                if size_class in shared:
+                if size_class in classes:
                     by_class.setdefault(size_class, []).append(value)
             medians[s] = statistics.geometric_mean(statistics.median_high(v) for v in by_class.values())
         return medians
 
-    def _shared_classes(self, skip: int) -> set[int] | None:
-        """The size classes every side has a block of past its first ``skip``; None
-        where the calls come without sizes."""
-        if all(c is None for s in self.sides for c in self.classes[s]):
+    def _compared_classes(self, skip: int) -> set[int] | None:
+        """The size classes every side has blocks of past its first ``skip``, each
+        side judged within them; None where the blocks of all sizes are judged
+        together: calls without sizes, or too few blocks in shared classes (under
+        one in ``UNCLASSED_BLOCKS``)."""
+        if not self._sized():
             return None
-        per_side = [{c for c in self.classes[s][skip:] if c is not None} for s in self.sides]
-        return set.intersection(*per_side) if per_side else set()
+        shared = set.intersection(*({c for c in self.classes[s][skip:] if c is not None} for s in self.sides))
+        if shared and self._in_classes(shared, skip) * UNCLASSED_BLOCKS >= self._recorded(skip):
+            return shared
+        return None
+
+    def _recorded(self, skip: int) -> int:
+        """The fewest blocks recorded past the first ``skip``, over the sides."""
+        return min(len(self.periods[s]) for s in self.sides) - skip
+
+    def _sized(self) -> bool:
+        """Whether the calls come with sizes (a block of them has a size class)."""
+        return any(c is not None for s in self.sides for c in self.classes[s])
 
     def _in_classes(self, shared: set[int], skip: int) -> int:
         """The fewest blocks past the first ``skip`` in ``shared`` classes, over the sides."""

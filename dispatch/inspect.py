@@ -232,10 +232,6 @@ def _calls(node: object, *targets: object) -> TypeGuard[torch.fx.Node]:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
 
 
-def returns_to_caller(node: torch.fx.Node) -> bool:
-    return any(user.op == "output" for user in node.users)
-
-
 def view_to_caller_reason(node: torch.fx.Node) -> str | None:
     """Why ``node``, a view, must reach the caller as a view, not a copy; None where a
     copy serves as well. A view of a graph input or constant writes theirs when
@@ -245,12 +241,12 @@ def view_to_caller_reason(node: torch.fx.Node) -> str | None:
     route that copies its outputs (ONNX Runtime) then runs it in its region, where
     alone after that region it cost an eager region's call (27 µs a call after
     MobileNetV2's ORT region, for a ``flatten`` of the pooled features)."""
-    if not returns_to_caller(node):
+    output = next((user for user in node.users if user.op == "output"), None)
+    if output is None:
         return None
     root = view_root(node)
     if root.op in ("placeholder", "get_attr"):
         return "returns to the caller a view of an input, whose writes reach the input"
-    output = next(user for user in node.users if user.op == "output")
     if any(view_root(other) is root for other in output.all_input_nodes if other is not node):
         return "returns to the caller a view of a value another output shows"
     value = node.meta.get(META_VAL)
