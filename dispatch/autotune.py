@@ -6,7 +6,7 @@ compiled by every route that can run it, each result is checked against eager
 median of several batches, the candidates taken in turn) and the fastest wins. A time budget per region
 bounds the measuring; candidates past it are skipped with that reason. The
 decision is stored in the persistent cache, so a second process measures
-nothing.
+nothing, unless other work held the CPUs while it was timed (``cpu_contention.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .call_periods import timing_loop
+from .cpu_contention import ContentionMeter
 from .errors import error_line
 from .routes import CompiledFn
 
@@ -53,6 +54,8 @@ class Tuning:
     compiled: CompiledFn | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
+    # Why the timing is not to be cached (other work held the CPUs), else None.
+    not_cached: str | None = None
 
     def ranking(self) -> list[str]:
         return sorted(self.seconds, key=lambda route: self.seconds[route])
@@ -95,7 +98,11 @@ def measure(
             tuning.reasons[route] = f"not measured: {detail}"
             continue
         compiled[route] = fn
-    tuning.seconds = median_call_s(compiled, args, batch_s, batches, rewarm_calls)
+    contention = ContentionMeter()
+    with contention.running():
+        tuning.seconds = median_call_s(compiled, args, batch_s, batches, rewarm_calls)
+    if contention.contended():
+        tuning.not_cached = contention.note()
     if tuning.seconds:
         tuning.best = tuning.ranking()[0]
         tuning.compiled = compiled[tuning.best]

@@ -69,6 +69,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from . import autotune
 from .cache import ArtifactCache, timing_context
 from .config import Config
+from .cpu_contention import NOT_CACHED
 from .inspect import GRAPH_BACKWARD, GRAPH_INFERENCE
 from .record import GraphRecord, recorder
 from .region import GraphPlan, Region
@@ -161,7 +162,7 @@ def decided(region: Region, measured: dict[str, str], winner: str) -> Region:
 
 def _line(measured: dict[str, str]) -> str:
     # The compiled side first, whatever order a stored decision's JSON kept.
-    names = sorted(measured, key=lambda name: name == AS_TRACED)
+    names = sorted(measured, key=lambda name: (name == NOT_CACHED, name == AS_TRACED))
     return ", ".join(f"{name} {measured[name]}" for name in names)
 
 
@@ -313,9 +314,12 @@ class CaptureCheck:
         winner = AS_TRACED if tuning.best == AS_TRACED else self.label
         if self.training and tuning.seconds[self.label] >= TRAINING_MARGIN * tuning.seconds[AS_TRACED]:
             winner = AS_TRACED
+        if tuning.not_cached is not None:
+            measured[NOT_CACHED] = tuning.not_cached
         for record in self.records:
             record.settle(measured, winner)
-        self._store(winner, measured)
+        if tuning.not_cached is None:
+            self._store(winner, measured)
         return eager if winner == AS_TRACED else compiled
 
     def _measure(

@@ -17,7 +17,8 @@ any other. Not timed: a forced route, eager not allowed, autotune. A graph
 of symbolic sizes is timed too, each block of calls against the other sides'
 blocks of its size class (``call_periods.py``): left to ORT untimed, a LLaMA-style
 decoder called with four sequence lengths ran at 1.30-1.62x plain inductor's
-time, and BERT at 1.13-1.24x. The decision is cached.
+time, and BERT at 1.13-1.24x. The decision is cached, unless other work held
+the CPUs while it was timed (``cpu_contention.py``).
 
 A graph that ``graph_tuning`` timed whole on its first call is timed in place
 too: that check's eager side runs the lowered aten regions, not the graph
@@ -64,6 +65,7 @@ from . import autotune, trial_slot
 from .cache import ArtifactCache, region_key, timing_context
 from .call_periods import BLOCK_CALLS, CallPeriods, call_size, in_timing_loop
 from .config import Config
+from .cpu_contention import NOT_CACHED, ContentionMeter
 from .graph_tuning import (
     AS_ROUTED,
     INDUCTOR_UNTRIED,
@@ -203,6 +205,8 @@ class InPlaceTrial:
             timing_context(),
         )
         self.clock = clock or perf_counter
+        # Runs while the sides are timed, not while the trial compiles or waits its turn.
+        self.contention = ContentionMeter()
         self.calls = 0
         self.timing = [AS_TRACED, AS_ROUTED]  # the sides timed in turn
         self.periods = CallPeriods(self.timing, self.clock)
@@ -232,18 +236,19 @@ class InPlaceTrial:
                 return self.chosen(*args)
             self.calls += 1
             if self.calls <= ROUTED_FIRST_CALLS or in_timing_loop():
-                self.periods.interrupt()
+                self._untimed()
                 return self.sides[AS_ROUTED](*args)
             if not trial_slot.TRIAL_SLOT.take(self):
                 # Waiting for its turn, the graph runs as a backend that does nothing
                 # would run it: the graph whose turn it is measures its routes beside
                 # that, not beside undecided ORT calls whose cost to the code around
                 # them it would pay on both of its sides (``trial_slot.py``).
-                self.periods.interrupt()
+                self._untimed()
                 return self.sides[AS_TRACED](*args)
             if ON_INDUCTOR in self.timing and ON_INDUCTOR not in self.sides:
-                self.periods.interrupt()
+                self._untimed()
                 return self._compile_on_inductor(args)
+            self.contention.resume()
             start = self.periods.start(self.size(args) if self.size is not None else None)
             if self.periods.counted(skip=WARM_BLOCKS) >= TIMED_BLOCKS:
                 self.decide()
@@ -252,11 +257,16 @@ class InPlaceTrial:
                     return self.chosen(*args)
                 if ON_INDUCTOR not in self.sides:  # inductor's round starts with the call that compiles it
                     return self._compile_on_inductor(args)
-                self.periods.interrupt()  # and another round with the next call
+                self._untimed()  # and another round with the next call
                 return self.sides[self.leader or AS_ROUTED](*args)
             out = self.sides[self.periods.side](*args)
             self.periods.end(start)
             return out
+
+    def _untimed(self) -> None:
+        """This call is not timed: the block it breaks is not counted, nor its wait for a CPU."""
+        self.periods.interrupt()
+        self.contention.pause()
 
     def decide(self) -> None:
         """Keep the routed program where its median call took under its margin
@@ -312,6 +322,9 @@ class InPlaceTrial:
         if winner == AS_TRACED:
             routed_s, traced_s = self.first_round[AS_ROUTED], self.first_round[AS_TRACED]
             decision[TRACED_WON] = traced_won_note(routed_s, traced_s, self._routed_margin())
+        if self.contention.contended():
+            self._apply(decision, cached=False, note=self.contention.note())
+            return
         self.cache.put_json(_KIND, self.key, decision)
         self._apply(decision, cached=False)
 
@@ -319,6 +332,7 @@ class InPlaceTrial:
         """This call, run as routed, untimed, and inductor's side compiled for its
         inputs (``trial_inductor.InductorSide.compile``); where nothing is left to
         compile, the leader wins, and the reasons are kept."""
+        self.contention.pause()  # inductor's compile workers take the cores
         out, side, failed = self.inductor_side.compile(self.sides[AS_ROUTED], args)
         if side is not None:
             self.sides[ON_INDUCTOR] = side
@@ -328,13 +342,13 @@ class InPlaceTrial:
             trial_slot.TRIAL_SLOT.release(self)
         return out
 
-    def _apply(self, decision: dict[str, Any], cached: bool) -> None:
+    def _apply(self, decision: dict[str, Any], cached: bool, note: str | None = None) -> None:
         on_inductor = bool(decision.get(ROUTED_ON_INDUCTOR))
         labels = {AS_ROUTED: f"{AS_ROUTED} on inductor" if on_inductor else AS_ROUTED}
         sides = (AS_ROUTED, AS_TRACED, PLAIN_INDUCTOR, WHOLE_ON_INDUCTOR, ON_INDUCTOR)
         line = ", ".join(f"{labels.get(side, side)} {decision[side]}" for side in sides if side in decision)
         line += f"; {decision[INDUCTOR_UNTRIED]}" if INDUCTOR_UNTRIED in decision else ""
-        line += " (cached)" if cached else ""
+        line += " (cached)" if cached else f", {NOT_CACHED} {note}" if note else ""
         winner = decision["winner"]
         program = self.inductor_side.forget()
         if winner == PLAIN_INDUCTOR:

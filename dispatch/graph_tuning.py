@@ -24,7 +24,8 @@ ORT regions on inductor one by one, cut four times by the grouped matmuls,
 benchmark's custom-op MLP (two ORT regions of 512-wide GEMMs, bar 0.8) ran
 as routed in 0.52 of eager's time and compiled inductor in vain before the
 bar applied to cut graphs (inductor: 0.99 of eager's time): 10 s to its
-first result, against 2.3 s now. The decision is cached like the regions' own.
+first result, against 2.3 s now. The decision is cached like the regions' own,
+unless other work held the CPUs while it was timed (``cpu_contention.py``).
 A cut graph whose ORT regions do under ``TIMED_GRAPH_FLOPS`` is left to the
 in-place trial (``graph_trial``), as an uncut one is: a custom op between two
 64-wide layers (28 µs a call) took 18 s to its first result, inductor's
@@ -57,6 +58,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from . import autotune
 from .cache import ArtifactCache, region_key, timing_context
 from .config import Config
+from .cpu_contention import NOT_CACHED, ContentionMeter
 from .inductor_bar import CUTTING_ROUTE, InductorBar, inductor_past, onnx_work
 from .inspect import is_computing_op, is_size_arithmetic
 from .planner import availability
@@ -239,6 +241,7 @@ class WholeGraphCheck:
         decision = self._cached_decision()
         compiled: dict[str, CompiledFn] = {}
         if decision is None:
+            contention = ContentionMeter()
             candidates = {AS_ROUTED: self.stitched.split_forward}
             if ALL_EAGER in self.rivals:
                 candidates[ALL_EAGER] = with_regions_swapped(
@@ -248,7 +251,7 @@ class WholeGraphCheck:
                 )
             if ON_INDUCTOR in self.rivals:
                 compiled = self._add_inductor(candidates, region_args, args)
-            seconds = self._timed(candidates, args)
+            seconds = self._timed(candidates, args, contention)
             untried = None
             bar = self.inductor_past
             if bar is not None:
@@ -256,7 +259,7 @@ class WholeGraphCheck:
                 if share > bar.share:
                     compiled = self._add_inductor(candidates, region_args, args)
                     if compiled:
-                        seconds = self._timed(candidates, args)
+                        seconds = self._timed(candidates, args, contention)
                 else:
                     regions = f" for ORT regions {bar.regions}" if bar.regions else ""
                     untried = (
@@ -272,11 +275,16 @@ class WholeGraphCheck:
                 )
             if untried is not None:
                 decision[INDUCTOR_UNTRIED] = untried
-            self.cache.put_json("whole-graph", self.key, decision)
+            if contention.contended():
+                decision[NOT_CACHED] = contention.note()
+            else:
+                self.cache.put_json("whole-graph", self.key, decision)
         self._apply(decision, compiled)
 
-    def _timed(self, candidates: dict[str, CompiledFn], args: Sequence[Any]) -> dict[str, float]:
-        with _disable_current_modes(), COMPILE_LOCK:
+    def _timed(
+        self, candidates: dict[str, CompiledFn], args: Sequence[Any], contention: ContentionMeter
+    ) -> dict[str, float]:
+        with _disable_current_modes(), COMPILE_LOCK, contention.running():
             return autotune.median_call_s(candidates, args)
 
     def _add_inductor(
@@ -311,6 +319,7 @@ class WholeGraphCheck:
         line = ", ".join(f"{name} {decision[name]}" for name in names if name in decision)
         winner = decision["winner"]
         note = f"; {decision[INDUCTOR_UNTRIED]}" if INDUCTOR_UNTRIED in decision else ""
+        note += f", {NOT_CACHED} {decision[NOT_CACHED]}" if NOT_CACHED in decision else ""
         for runner in self.runners:
             runner.run.measured[WHOLE_GRAPH] = line + note
         self.inductor_left_out = INDUCTOR_UNTRIED in decision

@@ -36,6 +36,7 @@ import torch.fx
 from .autotune import flat_outputs, format_seconds, measure
 from .cache import ArtifactCache, region_key, timing_context
 from .config import Config
+from .cpu_contention import NOT_CACHED
 from .errors import error_line
 from .planner import availability
 from .region import Region
@@ -239,8 +240,11 @@ class KernelTrial:
             if name in seconds:
                 ops = [kernel for kernel in self.kernels if kernel in families]
                 measured[f"{TRITON} ({summary(ops)} inlined)"] = format_seconds(seconds[name])
-        record = {"chosen": list(chosen), "measured": measured, "kernels": self.kernels}
-        ArtifactCache(self.cache_dir).put_json(_KIND, self.key, record)
+        if tuning.not_cached is not None:
+            measured[NOT_CACHED] = tuning.not_cached
+        else:
+            record = {"chosen": list(chosen), "measured": measured, "kernels": self.kernels}
+            ArtifactCache(self.cache_dir).put_json(_KIND, self.key, record)
         self.settle(chosen, measured, failure)
 
     def settle(self, chosen: tuple[str, ...], measured: dict[str, str], failure: str | None = None) -> None:

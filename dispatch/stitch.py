@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .autotune import check_close, format_seconds, measure
 from .cache import ArtifactCache, inductor_cache, region_key, timing_context, using
 from .config import Config
+from .cpu_contention import NOT_CACHED
 from .errors import RouteFailedError, error_line
 from .planner import fallback_advice
 from .region import GraphPlan, Region, RegionRun
@@ -297,6 +298,9 @@ class RegionRunner:
         order = tuning.ranking()
         self._reorder(order, tuning.reasons)
         self._fn = tuning.compiled
+        if tuning.not_cached is not None:
+            run.measured[NOT_CACHED] = tuning.not_cached
+            return
         self.cache.put_json(
             "decision", key, {"order": order, "reasons": tuning.reasons, "measured": run.measured}
         )

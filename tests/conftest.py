@@ -129,6 +129,27 @@ def own_trial_slot(monkeypatch):
     monkeypatch.setattr(trial_slot, "TRIAL_SLOT", trial_slot.TrialSlot())
 
 
+@pytest.fixture(autouse=True)
+def quiet_cpus(monkeypatch):
+    """Timings count as taken on a quiet machine: the suite's own workers share
+    the cores, and a decision left uncached by that (``cpu_contention.py``)
+    would fail the tests of warm starts at random. ``tests/test_cpu_contention.py``
+    reads the kernel's counts and fakes busy ones."""
+    import dispatch.cpu_contention as cpu_contention
+
+    monkeypatch.setattr(cpu_contention, "thread_wait", lambda tid: None)
+
+
+@pytest.fixture
+def busy_cpus(monkeypatch):
+    """Every thread waits half the wall time for a CPU: other work holds them."""
+    import time
+
+    import dispatch.cpu_contention as cpu_contention
+
+    monkeypatch.setattr(cpu_contention, "thread_wait", lambda tid: int(time.perf_counter() * 0.5e9))
+
+
 @pytest.fixture
 def routed_throughout(monkeypatch):
     """Small CPU graphs keep their routes for as many calls as a test makes: the

@@ -21,6 +21,7 @@ from benchmarks.zoo.models import InplaceInput
 from benchmarks.zoo.patterns import EinsumMasked
 from dispatch.autotune import format_seconds
 from dispatch.call_periods import BLOCK_CALLS
+from dispatch.cpu_contention import NOT_CACHED
 from dispatch.graph_trial import (
     IN_PLACE,
     LONGEST_TRIAL_CALLS,
@@ -199,6 +200,28 @@ def test_a_small_graph_faster_on_onnx_in_place_stays(ort_costs):
     compiled, graphs = _compiled(model)
     (region,) = _regions(graphs)
     assert region.route == "onnxrt" and region.measured[IN_PLACE].endswith("(cached)")
+
+
+@torch.no_grad()
+def test_a_trial_timed_on_busy_cpus_is_applied_and_timed_again_by_the_next_process(
+    ort_costs, busy_cpus, onnx_exports
+):
+    ort_costs[:] = [1e-3, 2e-3]
+    model, x = small(), torch.randn(8, 16)
+    compiled, graphs = _compiled(model)
+    _calls(compiled, model, x, TRIAL_LENGTH + 3)
+    (region,) = _regions(graphs)
+    assert region.route == "onnxrt"
+    line = region.measured[IN_PLACE]
+    assert line.startswith(f"as routed 1.00 ms, as traced 2.00 ms, {NOT_CACHED} (timed while"), line
+
+    torch._dynamo.reset()
+    compiled, graphs = _compiled(model)
+    (region,) = _regions(graphs)
+    assert IN_PLACE not in region.measured, "a decision timed on busy CPUs was read from the cache"
+    _calls(compiled, model, x, TRIAL_LENGTH + 3)
+    (region,) = _regions(graphs)
+    assert NOT_CACHED in region.measured[IN_PLACE], "the warm start did not time its graph again"
 
 
 @torch.no_grad()

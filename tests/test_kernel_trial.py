@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import dispatch.autotune as autotune
+from dispatch.cpu_contention import NOT_CACHED
 from dispatch.record import recorder
 from tests.conftest import needs_triton
 
@@ -126,6 +127,16 @@ def test_a_warm_start_takes_the_stored_decision(kernel_calls):
     assert kernel_calls["timed"] == 1  # measured once, in the first compile
     assert second.measured == first.measured
     assert second.ops == first.ops
+
+
+def test_a_trial_timed_on_busy_cpus_is_timed_again(kernel_calls, busy_cpus):
+    x = torch.randn(4, 16)
+    first = _run(TRIED, x)
+    assert any(op.startswith("triton:") for op in first.ops), "the decision was not applied in its process"
+    assert first.measured[NOT_CACHED].startswith("(timed while other work held the CPUs")
+    torch._dynamo.reset()
+    _run(TRIED, x)
+    assert kernel_calls["timed"] == 2, "a trial timed on busy CPUs was read from the cache"
 
 
 def test_kernels_the_decomposition_cannot_take_are_left_to_inductor(kernel_calls):

@@ -14,6 +14,7 @@ import torch
 
 import dispatch.capture_check as capture_check
 from dispatch.capture_check import AS_TRACED, INDUCTOR
+from dispatch.cpu_contention import NOT_CACHED
 from dispatch.record import recorder
 
 STEP = "training step (forward and backward)"
@@ -96,6 +97,19 @@ def test_a_step_timed_on_other_threads_is_timed_again(timed, torch_threads):
         torch_threads(threads)
         stepped_as_eager(model, reference, x)
         assert len(timed) == timings, f"on {threads} threads"
+
+
+@pytest.mark.parametrize("timed", [{AS_TRACED: 1.0, INDUCTOR: 2.0}], indirect=True)
+def test_a_step_timed_on_busy_cpus_is_timed_again(timed, busy_cpus):
+    model, x = with_batch_norm(), torch.randn(4, 8)
+    reference = copy.deepcopy(model)
+    plans = stepped_as_eager(model, reference, x)
+    regions = [r for p in plans for r in p.regions]
+    assert [r.route for r in regions] == ["eager", "eager"], "the decision was not applied in its process"
+    assert all(f", {NOT_CACHED} (timed while" in " ".join(r.measured.values()) for r in regions)
+    torch._dynamo.reset()
+    stepped_as_eager(model, reference, x)
+    assert len(timed) == 2, "a step timed on busy CPUs was read from the cache"
 
 
 @pytest.mark.parametrize(
