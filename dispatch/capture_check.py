@@ -318,7 +318,7 @@ class CaptureCheck:
             measured[NOT_CACHED] = tuning.not_cached
         for record in self.records:
             record.settle(measured, winner)
-        if tuning.not_cached is None:
+        if tuning.not_cached is None:  # after ``settle``: the stored plans hold the settled regions
             self._store(winner, measured)
         return eager if winner == AS_TRACED else compiled
 

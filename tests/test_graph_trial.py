@@ -186,31 +186,32 @@ def test_a_routed_graph_faster_by_less_than_the_margin_is_not_called_slower(ort_
     )
 
 
-@torch.no_grad()
-def test_a_small_graph_faster_on_onnx_in_place_stays(ort_costs):
+def _onnx_faster_in_place(ort_costs):
+    """``small()`` through its in-place trial, ORT at half the traced graph's time:
+    the model, its input, and its region as the trial left it."""
     ort_costs[:] = [1e-3, 2e-3]
     model, x = small(), torch.randn(8, 16)
     compiled, graphs = _compiled(model)
     _calls(compiled, model, x, TRIAL_LENGTH + 3)
     (region,) = _regions(graphs)
+    return model, x, region
+
+
+@torch.no_grad()
+def test_a_small_graph_faster_on_onnx_in_place_stays(ort_costs):
+    model, _, region = _onnx_faster_in_place(ort_costs)
     assert region.route == "onnxrt"
     assert region.measured[IN_PLACE] == "as routed 1.00 ms, as traced 2.00 ms"
 
     torch._dynamo.reset()
-    compiled, graphs = _compiled(model)
+    _, graphs = _compiled(model)
     (region,) = _regions(graphs)
     assert region.route == "onnxrt" and region.measured[IN_PLACE].endswith("(cached)")
 
 
 @torch.no_grad()
-def test_a_trial_timed_on_busy_cpus_is_applied_and_timed_again_by_the_next_process(
-    ort_costs, busy_cpus, onnx_exports
-):
-    ort_costs[:] = [1e-3, 2e-3]
-    model, x = small(), torch.randn(8, 16)
-    compiled, graphs = _compiled(model)
-    _calls(compiled, model, x, TRIAL_LENGTH + 3)
-    (region,) = _regions(graphs)
+def test_a_trial_timed_on_busy_cpus_is_applied_and_timed_again_by_the_next_process(ort_costs, busy_cpus):
+    model, x, region = _onnx_faster_in_place(ort_costs)
     assert region.route == "onnxrt"
     line = region.measured[IN_PLACE]
     assert line.startswith(f"as routed 1.00 ms, as traced 2.00 ms, {NOT_CACHED} (timed while"), line
