@@ -96,18 +96,14 @@ CPU_TIMED_BELOW_S = 50e-3
 #: ResNet-18 (2 images of 64²) took 21-37 ms eagerly on an AVX-512 machine and
 #: 90-120 ms on an AVX2 one, where inductor's step took 180 ms: at a bar of
 #: 100 ms the slower machine kept inductor untimed. Timing costs about 20 steps
-#: (``LONG_STEP_BATCHES``), once per graph (the decision is stored), beside a
-#: training compile of tens of seconds.
+#: (``autotune.LONG_CALL_BATCHES``), once per graph (the decision is stored),
+#: beside a training compile of tens of seconds.
 TRAINING_TIMED_BELOW_S = 1.0
 #: a CPU graph whose first eager run takes this many times its bar is not run
 #: again to learn its second run's time: a CPU first run warms little (no kernels
 #: to load), and a bfloat16 ResNet-18 of 8 images of 224² took 9.4 s a run
 #: eagerly on an AVX2 machine without bfloat16 instructions (inductor 2.9 s)
 FIRST_RUN_DECIDES = 4
-#: a step at least this long is timed over fewer batches, each woken by one call:
-#: its own length already averages what a batch of short calls would
-LONG_STEP_S = 20e-3
-LONG_STEP_BATCHES = 3
 #: a training step stays on inductor only where it took under this share of the
 #: step as traced: within it the two are a tie that the check's few steps cannot
 #: split (hf_bert measured 2.98 against 3.08 ms in its check, and ran 3.43
@@ -342,7 +338,6 @@ class CaptureCheck:
         step_s = time.perf_counter() - start
         if step_s >= self.timed_below_s:
             return None
-        long_steps = self.training and step_s >= LONG_STEP_S
         with _disable_current_modes():  # a mode the caller runs under is not timed
             return autotune.measure(
                 list(programs),
@@ -351,8 +346,6 @@ class CaptureCheck:
                 args,
                 batch_s=BATCH_S,
                 compare=not self.draws,
-                batches=LONG_STEP_BATCHES if long_steps else autotune.BATCHES,
-                rewarm_calls=1 if long_steps else autotune.REWARM_CALLS,
             )
 
     def _store(self, winner: str, measured: dict[str, str]) -> None:

@@ -136,6 +136,45 @@ def test_measuring_times_back_to_back_calls_not_the_wake_up_after_a_pause(monkey
     assert seconds["b"] == pytest.approx(2e-3)
 
 
+def _counted(clock: _FakeClock, steady_s: float, counts: dict[str, int], name: str):
+    call = clock.candidate(steady_s=steady_s, wake_s=0.0)
+
+    def counted(*args):
+        counts[name] = counts.get(name, 0) + 1
+        call(*args)
+
+    return counted
+
+
+def test_calls_of_20_ms_or_more_are_timed_over_three_batches(monkeypatch):
+    # A 12-layer BERT (2x128, 140-170 ms a call) spent 11 s of its 37 s first call
+    # in the whole-graph check's seven batches of three calls per candidate.
+    clock = _FakeClock()
+    monkeypatch.setattr(autotune, "time", clock)
+    counts: dict[str, int] = {}
+    long = {"a": _counted(clock, 30e-3, counts, "a"), "b": _counted(clock, 21e-3, counts, "b")}
+    seconds = autotune.median_call_s(long, [])
+    woken_batches = autotune.LONG_CALL_BATCHES * (1 + 1)
+    assert counts == {
+        "a": autotune.WARMUP_CALLS + 1 + woken_batches,
+        "b": autotune.WARMUP_CALLS + 1 + woken_batches,
+    }
+    assert seconds == {"a": pytest.approx(30e-3), "b": pytest.approx(21e-3)}
+
+
+def test_one_short_candidate_keeps_every_batch(monkeypatch):
+    # Batches are taken in turn: a 1 ms candidate needs all seven, and the long one
+    # beside it runs them too.
+    clock = _FakeClock()
+    monkeypatch.setattr(autotune, "time", clock)
+    counts: dict[str, int] = {}
+    autotune.median_call_s(
+        {"long": _counted(clock, 30e-3, counts, "long"), "short": _counted(clock, 1e-3, counts, "short")}, []
+    )
+    per_batch = autotune.REWARM_CALLS + 1  # the long one: one call fills a 30 ms batch
+    assert counts["long"] == autotune.WARMUP_CALLS + 1 + autotune.BATCHES * per_batch
+
+
 def _fake_timing(monkeypatch, fast: set[str]) -> list[set[str]]:
     """Time every candidate named in ``fast`` at 1 ms and the others at 2 ms;
     returns the candidate sets that were timed."""

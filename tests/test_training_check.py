@@ -141,16 +141,17 @@ class SlowMachineClock:
         return self.now
 
 
-def test_a_slow_machine_s_long_step_is_timed_over_few_batches(monkeypatch):
+def test_a_slow_machine_s_long_step_is_timed(monkeypatch):
     """timm's ResNet-18 (2 images of 64²) took 90-120 ms a step eagerly on an AVX2
     machine, 21-37 on an AVX-512 one, and 180 under inductor on the first: a bar of
-    100 ms kept inductor there untimed. A step that long is timed, in few batches."""
+    100 ms kept inductor there untimed. A step that long is timed (in few batches:
+    ``median_call_s`` takes three for calls of 20 ms or more, test_autotune.py)."""
     monkeypatch.setattr(capture_check, "TRAINING_TIMED_BELOW_S", REAL_BAR)
     monkeypatch.setattr(capture_check, "time", SlowMachineClock())
     timed = []
 
     def median_call_s(candidates, args, batch_s=None, batches=None, rewarm_calls=None):
-        timed.append((set(candidates), batches, rewarm_calls))
+        timed.append(set(candidates))
         for fn in candidates.values():
             fn(*args)
         return {INDUCTOR: 0.18, AS_TRACED: 0.1}
@@ -158,7 +159,7 @@ def test_a_slow_machine_s_long_step_is_timed_over_few_batches(monkeypatch):
     monkeypatch.setattr(capture_check.autotune, "median_call_s", median_call_s)
     model, x = with_batch_norm(), torch.randn(4, 8)
     plans = stepped_as_eager(model, copy.deepcopy(model), x)
-    assert timed == [({INDUCTOR, AS_TRACED}, capture_check.LONG_STEP_BATCHES, 1)]
+    assert timed == [{INDUCTOR, AS_TRACED}]
     assert [r.route for p in plans for r in p.regions] == ["eager", "eager"]
 
 
