@@ -67,6 +67,22 @@ def test_each_class_of_shapes_is_exported_once(onnx_exports):
 
 
 @torch.no_grad()
+def test_a_class_compiled_again_is_logged_by_its_shape_not_its_guards(monkeypatch, caplog):
+    # hf_resnet's guards ran to 912 characters of sympy on one info line.
+    monkeypatch.setenv("DISPATCH_LOG", "debug")
+    torch._dynamo.reset()
+    compiled = torch.compile(_adaptive_avg, backend="auto", dynamic=True)
+    with caplog.at_level("DEBUG", logger="dispatch"):
+        for shape in [(2, 3, 7, 9), (2, 3, 8, 9)]:
+            compiled(torch.randn(shape))
+    again = [r for r in caplog.records if "compiled again" in r.getMessage()]
+    assert len(again) == 1 and again[0].levelname == "INFO"
+    assert "of shape 2x3x8x9," in again[0].getMessage() and "args[" not in again[0].getMessage()
+    guards = [r for r in caplog.records if r.levelname == "DEBUG" and "holds where" in r.getMessage()]
+    assert len(guards) == 1 and "args[" in guards[0].getMessage()
+
+
+@torch.no_grad()
 def test_antialiased_resize_of_a_dynamic_size_stays_off_onnx_runtime():
     """ORT's antialiased Resize differs from torch's where the scale is inexact
     (0.5 off from 11x8 down to 5x4); static, the first-call check catches it."""

@@ -126,6 +126,15 @@ def _allowed(node: ast.AST, namespace: Mapping[str, Any]) -> None:
         raise ValueError(f"a shape guard reads the attribute {node.attr!r}")
 
 
+def _guarded_shapes(guards: Sequence[str], args: Sequence[Any]) -> list[str]:
+    """The shapes, as ``2x3x64x64``, of the arguments that ``guards`` read."""
+    positions = sorted({int(i) for guard in guards for i in _ARG.findall(guard)})
+    return ["x".join(map(str, args[i].shape)) for i in positions if hasattr(args[i], "shape")]
+
+
+_ARG = re.compile(r"args\[(\d+)\]")
+
+
 class ShapeClasses:
     """A region's runner for shapes that its exported models' guards divide into
     classes: each call runs on the model whose guards it meets, and a call that
@@ -169,7 +178,18 @@ class ShapeClasses:
                 self.exhausted = True
                 return self._by_torch(args)
             self.classes.append((check, run))
-            log.info("%s region: compiled again for inputs where %s", self.route, " and ".join(guards))
+            # The guards are torch's sympy, one per size a decomposition branched on:
+            # hf_resnet's ran to 912 characters on one line. The shapes say it.
+            log.info(
+                "%s region: compiled again for inputs of shape %s, which the %d model(s) compiled "
+                "before do not hold for (DISPATCH_LOG=debug lists the guards)",
+                self.route,
+                ", ".join(_guarded_shapes(guards, args)) or "(no tensor read)",
+                len(self.classes) - 1,
+            )
+            log.debug(
+                "%s region: the model for those shapes holds where %s", self.route, " and ".join(guards)
+            )
         return run(*args)
 
     def _by_torch(self, args: Sequence[Any]) -> Any:
