@@ -29,6 +29,7 @@ log = logging.getLogger("dispatch")
 
 MAX_SHAPE_CLASSES = 8
 _INPUT = re.compile(r"L\['([^']+)'\]")
+_ARG = re.compile(r"args\[(\d+)\]")  # an input as ``over_args`` writes it
 
 # Builds a runner, and the guards it holds under, from a call's arguments.
 Build = Callable[[Sequence[Any]], tuple[CompiledFn, tuple[str, ...]]]
@@ -130,9 +131,6 @@ def _guarded_shapes(guards: Sequence[str], args: Sequence[Any]) -> list[str]:
     """The shapes, as ``2x3x64x64``, of the arguments that ``guards`` read."""
     positions = sorted({int(i) for guard in guards for i in _ARG.findall(guard)})
     return ["x".join(map(str, args[i].shape)) for i in positions if hasattr(args[i], "shape")]
-
-
-_ARG = re.compile(r"args\[(\d+)\]")
 
 
 class ShapeClasses:
