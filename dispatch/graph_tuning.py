@@ -13,9 +13,10 @@ knows: a mixture-of-experts layer's grouped matmuls) is timed whole by default,
 without autotune: as routed, all on eager, and compiled whole by inductor,
 whose kernels share torch's threads with the eager ops, which it calls from
 its own program as plain inductor does (where inductor fails the whole graph,
-its ORT regions are compiled one by one instead). Inductor is compiled where
+its ORT regions are compiled one by one instead). Inductor is tried where
 as routed took more than the share of all eager's time that ``inductor_bar``
-sets for what the ORT regions do, as for an uncut graph: Mixtral's and
+sets for what the ORT regions do, as for an uncut graph (here, or left to the
+in-place trial, below): Mixtral's and
 OLMoE's regions mostly move data (bar 0.5), and as routed ran in 0.74 of
 eager's time, inductor in 0.65 and 0.68. On Mixtral the ORT regions ran 2x
 slower in place than alone, and the graph 1.4x slower than inductor's; its
@@ -39,6 +40,16 @@ against inductor (where it is not compiled, the decision says so and
 share by what the ORT regions do). ORT is not always the fastest: on the
 zoo's layer_graph_break (LayerNorm and a 128-256-128 MLP on 512 rows) ORT's
 GEMMs ran the layer in 595 µs, eager in 506 and inductor in 518.
+
+Past that share, with the graph as routed still ahead of all eager, inductor is
+left to the in-place trial that follows (``leave_inductor_to_trial``), which
+compiles the Dynamo graph as plain inductor does on a later call and times it
+in place. Compiled here, it was auto's lowered graph, which the trial then
+compiled again as plain inductor's: a 12-layer BERT (2x128, as routed at 0.91
+of all eager's time) took 26.2 s to its first result, against 10.4 s now and
+plain inductor's 9.9 (Intel Xeon, 2 cores), and ran at 150 ms a call either
+way. Where all eager leads, inductor is compiled and timed here: moved to
+eager, the graph would leave the trial nothing routed to time it against.
 
 The check's "all eager" runs the lowered aten regions eagerly, a stand-in for
 the graph as Dynamo traced it that can be far slower than that graph (RAFT-small:
@@ -180,8 +191,8 @@ class WholeGraphCheck:
         #: (the in-place trial times plain inductor's program of the Dynamo graph against it)
         self.moved_to_inductor = False
         self.inductor_led_eager = False
-        #: set by the in-place trial that follows, which may compile the unsplit graph
-        self.unsplit_for_trial = False
+        #: set by ``leave_inductor_to_trial``
+        self.inductor_trial_follows = False
         # The key of the decision, from the routes as planned: a warm start's
         # in-place trial moves the regions to its cached winner before this
         # check's first call, and must not make it measure again.
@@ -208,6 +219,17 @@ class WholeGraphCheck:
             self._decide(args, region_args)
             self.pending = False
             return out
+
+    def leave_inductor_to_trial(self) -> None:
+        """Told by the in-place trial that follows, where it may compile inductor on
+        a later call (plain inductor's program of the Dynamo graph, else the graph
+        unsplit, else the ORT regions): past the bar, with the graph as routed ahead
+        of all eager, the first call then leaves inductor to it instead of
+        compiling auto's lowered graph, which the trial would compile again as plain
+        inductor's (BERT-base: 26 s to the first result against plain inductor's
+        10 s). Where all eager leads, inductor is compiled here: nothing routed is
+        left for the trial to time."""
+        self.inductor_trial_follows = True
 
     @property
     def inductor_open(self) -> bool:
@@ -256,16 +278,22 @@ class WholeGraphCheck:
             bar = self.inductor_past
             if bar is not None:
                 share = seconds[AS_ROUTED] / seconds[ALL_EAGER]
-                if share > bar.share:
-                    compiled = self._add_inductor(candidates, region_args, args)
-                    if compiled:
-                        seconds = self._timed(candidates, args, contention)
-                else:
-                    regions = f" for ORT regions {bar.regions}" if bar.regions else ""
+                regions = f" for ORT regions {bar.regions}" if bar.regions else ""
+                if share <= bar.share:
                     untried = (
                         f"inductor not compiled: as routed took {share:.2f} of all eager's time, "
                         f"at most {bar.share}{regions} (autotune times it: DISPATCH_AUTOTUNE=1)"
                     )
+                elif self.inductor_trial_follows and share < 1:
+                    untried = (
+                        f"inductor left to the in-place trial: as routed took {share:.2f} of all "
+                        f"eager's time, past {bar.share}{regions}; the trial compiles it on a later "
+                        "call and times it in place"
+                    )
+                else:
+                    compiled = self._add_inductor(candidates, region_args, args)
+                    if compiled:
+                        seconds = self._timed(candidates, args, contention)
             decision = {name: autotune.format_seconds(s) for name, s in seconds.items()}
             decision["winner"] = _winner(seconds)
             if seconds[decision["winner"]] > min(seconds.values()):
@@ -334,7 +362,7 @@ class WholeGraphCheck:
         if winner == WHOLE_ON_INDUCTOR:
             run_whole_on_inductor(self.stitched, compiled.get(WHOLE_ON_INDUCTOR), reason, self.config)
             return
-        if not (self.unsplit_for_trial and self.inductor_open):
+        if not (self.inductor_trial_follows and self.inductor_open):
             self.stitched.whole = None
         for runner in self.runners:
             if winner == ALL_EAGER and runner.chain[0] != "eager":

@@ -20,8 +20,9 @@ from .stitch import RegionRunner
 from .work import convolution_flops, data_moved, estimated_flops, loop_ops
 
 CUTTING_ROUTE = "onnxrt"  # runs on threads of its own: its regions contend with the eager ones
-# Inductor is compiled and timed as well only where ORT ran the graph in more
-# than this share of eager's time. Inductor ran the zoo's CPU graphs in 0.6 to
+# Inductor is tried as well (compiled by the check, or left to the in-place
+# trial: graph_tuning) only where ORT ran the graph in more than this share of
+# eager's time. Inductor ran the zoo's CPU graphs in 0.6 to
 # 0.85 of eager's time, so past it inductor may well win. And a graph timed
 # alone flatters ORT: layer_graph_break's layer measured 0.89 to 0.94 of
 # eager's time there in three cold starts of five, and ran at 1.11 in the
