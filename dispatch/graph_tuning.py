@@ -161,7 +161,8 @@ class WholeGraphCheck:
     graph without ``inductor_past``, the graph compiled whole by inductor too)
     and moves the regions to the fastest (inductor on a near tie with the graph
     as routed, ``INDUCTOR_TIE``). ``inductor_past``: time inductor as
-    well only where as routed took more than its share of eager's time."""
+    well only where as routed took more than its share of eager's time (or
+    leave it to the in-place trial, ``leave_inductor_to_trial``)."""
 
     def __init__(
         self,
@@ -182,7 +183,7 @@ class WholeGraphCheck:
         if cut and self.inductor_past is None:
             self.rivals.append(ON_INDUCTOR)  # timed whatever ORT's share
         self.pending = bool(self.rivals)
-        #: once decided: inductor left uncompiled by ``inductor_past``, where the
+        #: once decided: inductor left uncompiled (by ``inductor_past``, or to the trial), where the
         #: in-place trial (``graph_trial``) then tries it if the traced graph wins
         self.inductor_left_out = False
         #: once decided: the routed program kept, and inductor timed ahead of all eager
@@ -235,14 +236,15 @@ class WholeGraphCheck:
     def inductor_open(self) -> bool:
         """Once decided: whether the in-place trial still judges inductor where the
         traced graph overturns the routed program kept here (this check left it
-        out by its bar, or timed it ahead of the graph all on eager, the traced
-        graph's stand-in here)."""
+        out, by its bar or to the trial, or timed it ahead of the graph all on
+        eager, the traced graph's stand-in here)."""
         return self.kept_routed and (self.inductor_left_out or self.inductor_led_eager)
 
     @property
     def inductor_untimed(self) -> bool:
-        """Once decided: the routed program kept, and inductor left out by the bar,
-        never timed (the in-place trial may time it against the routed program)."""
+        """Once decided: the routed program kept, and inductor left out (by the bar,
+        or to the trial), never timed (the in-place trial may time it against the
+        routed program)."""
         return self.kept_routed and self.inductor_left_out
 
     def _key(self) -> str:
