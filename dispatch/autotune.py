@@ -76,14 +76,11 @@ def measure(
     budget_s: float | None = None,
     batch_s: float = BATCH_S,
     compare: bool = True,
-    batches: int = BATCHES,
-    rewarm_calls: int = REWARM_CALLS,
 ) -> Tuning:
     """Compile, check and time each candidate; never on fake tensors. ``batch_s``:
     how long each timed batch runs (``median_call_s``). ``compare=False`` where no
     candidate's outputs can match the reference's (they draw random numbers): each
-    still runs once before it is timed. ``batches`` and ``rewarm_calls``: as
-    ``median_call_s`` takes them."""
+    still runs once before it is timed."""
     budget_s = BUDGET_S if budget_s is None else budget_s
     if any(isinstance(a, torch._subclasses.FakeTensor) for a in args):
         raise RuntimeError("autotune measures real inputs only; these are fake")
@@ -107,7 +104,7 @@ def measure(
         compiled[route] = fn
     contention = ContentionMeter()
     with contention.running():
-        tuning.seconds = median_call_s(compiled, args, batch_s, batches, rewarm_calls)
+        tuning.seconds = median_call_s(compiled, args, batch_s)
     if contention.contended():
         tuning.not_cached = contention.note()
     if tuning.seconds:
@@ -128,7 +125,6 @@ def median_call_s(
     args: Sequence[Any],
     batch_s: float = BATCH_S,
     batches: int = BATCHES,
-    rewarm_calls: int = REWARM_CALLS,
 ) -> dict[str, float]:
     """Median seconds per call of each candidate, from batches taken in turn.
 
@@ -153,8 +149,9 @@ def median_call_s(
         one = max(time.perf_counter() - start, 1e-7)
         shortest = min(shortest, one)
         calls[route] = max(1, min(1000, int(batch_s / one)))
+    rewarm_calls = REWARM_CALLS
     if shortest >= LONG_CALL_S:
-        batches, rewarm_calls = min(batches, LONG_CALL_BATCHES), min(rewarm_calls, 1)
+        batches, rewarm_calls = min(batches, LONG_CALL_BATCHES), 1
     samples: dict[str, list[float]] = {route: [] for route in candidates}
     for _ in range(batches):
         for route, fn in candidates.items():

@@ -179,7 +179,7 @@ def timed(monkeypatch, request):
 
     ms, seen = request.param, []
 
-    def median_call_s(candidates, args, batch_s=None, batches=None, rewarm_calls=None):
+    def median_call_s(candidates, args, batch_s=None, batches=None):
         seen.append(set(candidates))
         for fn in candidates.values():
             fn(*args)
@@ -187,6 +187,16 @@ def timed(monkeypatch, request):
 
     monkeypatch.setattr(autotune, "median_call_s", median_call_s)
     return seen
+
+
+@pytest.fixture
+def no_trial_follows(monkeypatch):
+    """The whole-graph check told of no in-place trial that may compile inductor
+    later (a cut graph under autotune, one of symbolic sizes): past its bar it
+    times inductor itself, whatever ORT's share."""
+    from dispatch.graph_tuning import WholeGraphCheck
+
+    monkeypatch.setattr(WholeGraphCheck, "leave_inductor_to_trial", lambda self: None)
 
 
 @pytest.fixture

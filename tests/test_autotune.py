@@ -180,7 +180,7 @@ def _fake_timing(monkeypatch, fast: set[str]) -> list[set[str]]:
     returns the candidate sets that were timed."""
     timed: list[set[str]] = []
 
-    def median_call_s(candidates, args, batch_s=None, batches=None, rewarm_calls=None):
+    def median_call_s(candidates, args, batch_s=None, batches=None):
         timed.append(set(candidates))
         for fn in candidates.values():
             fn(*args)

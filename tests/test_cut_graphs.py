@@ -99,11 +99,8 @@ def test_onnx_regions_move_to_inductor_one_by_one_where_the_whole_graph_fails(ti
 
 @pytest.mark.parametrize("timed", [{"as routed": 1.9, WHOLE: 3.0}], indirect=True)
 @torch.no_grad()
-def test_onnx_regions_stay_where_they_run_the_graph_faster(timed, monkeypatch):
+def test_onnx_regions_stay_where_they_run_the_graph_faster(timed, no_trial_follows):
     """Timed by the check where no in-place trial follows to time inductor later."""
-    from dispatch.graph_tuning import WholeGraphCheck
-
-    monkeypatch.setattr(WholeGraphCheck, "leave_inductor_to_trial", lambda self: None)
     model = ExpertBetweenOnnx(WIDE).eval()
     explanation = _explained(model)
     assert [r.route for r in _onnx_regions(explanation)] == ["onnxrt", "onnxrt"]

@@ -504,17 +504,14 @@ def test_a_graph_timed_whole_is_then_timed_in_place_against_the_graph_as_traced(
 )
 @torch.no_grad()
 def test_a_graph_whose_check_timed_inductor_compiles_it_again_in_place_only_where_it_led_eager(
-    ort_costs, inductor_tried, split_inductor, timed, route_compiles, monkeypatch, route, line
+    ort_costs, inductor_tried, split_inductor, timed, route_compiles, no_trial_follows, route, line
 ):
     """A decoder with Meta's complex-valued rotary embedding: the check kept ORT
     (30.7 ms) over inductor (35.6) and all eager (39.3); in place the traced graph
     overturned ORT, and the graph ran as traced at 1.05x plain inductor's time.
     The check times inductor here as it does whatever ORT's share where it
     cannot read the graph's work (a cut graph of symbolic sizes)."""
-    from dispatch.graph_tuning import WholeGraphCheck
     from tests.test_timed_graphs import LARGE
-
-    monkeypatch.setattr(WholeGraphCheck, "leave_inductor_to_trial", lambda self: None)
 
     ort_costs[:] = [2e-3, 1e-3]
     ort_costs.inductor = 0.5e-3

@@ -43,7 +43,7 @@ def kernel_calls(monkeypatch):
 
         monkeypatch.setattr(module, name, counted)
 
-    def timed(candidates, args, batch_s=None, batches=None, rewarm_calls=None):
+    def timed(candidates, args, batch_s=None, batches=None):
         calls["timed"] += 1
         calls["candidates"] = sorted(candidates)
         return {name: 1e-3 if name == calls["faster"] else 2e-3 for name in candidates}

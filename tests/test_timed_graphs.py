@@ -113,13 +113,10 @@ def test_inductor_is_not_compiled_where_onnx_clearly_beats_eager(timed, route_co
 
 @pytest.mark.parametrize("timed", [{"as routed": 1.7, ON_INDUCTOR: 1.8}], indirect=True)
 @torch.no_grad()
-def test_inductor_is_timed_where_onnx_beats_eager_by_little(timed, monkeypatch):
+def test_inductor_is_timed_where_onnx_beats_eager_by_little(timed, no_trial_follows):
     """Timed alone, ORT ran layer_graph_break's layer in 0.89-0.94 of eager's
     time; in the model it ran at 1.11. Here no in-place trial follows to time
-    inductor later (as for a cut graph under autotune), so the check times it."""
-    from dispatch.graph_tuning import WholeGraphCheck
-
-    monkeypatch.setattr(WholeGraphCheck, "leave_inductor_to_trial", lambda self: None)
+    inductor later, so the check times it."""
     model, args = LARGE
     explanation = _explained(model, args)
     assert timed[-1] == {*ONNX_AND_EAGER, ON_INDUCTOR}

@@ -150,7 +150,7 @@ def test_a_slow_machine_s_long_step_is_timed(monkeypatch):
     monkeypatch.setattr(capture_check, "time", SlowMachineClock())
     timed = []
 
-    def median_call_s(candidates, args, batch_s=None, batches=None, rewarm_calls=None):
+    def median_call_s(candidates, args, batch_s=None, batches=None):
         timed.append(set(candidates))
         for fn in candidates.values():
             fn(*args)
