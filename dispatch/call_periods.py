@@ -15,7 +15,9 @@ instead. What a graph's own work is (whether inductor is worth compiling for
 it) is judged by its calls alone (``calls``).
 
 The sides run in blocks of calls (``BLOCK_CALLS``), each side's blocks in a
-shuffled order. A call from another thread, a call made inside a timing loop
+shuffled order, and each block's timed calls come after ``LEAD_CALLS`` untimed
+ones of its side: a program's first calls after the other side's ran slowly on
+every model measured, whichever side it was, and ORT's by the most. A call from another thread, a call made inside a timing loop
 (``timing_loop``: autotune's, back to back) or a call left untimed breaks the
 block it falls in: that block is not counted.
 
@@ -55,6 +57,20 @@ PERIOD_SPAN = 10.0
 # of the step, were the sides to alternate call by call; a block of 4 holds
 # whole steps for k of 1, 2 and 4.
 BLOCK_CALLS = 4
+# Calls a block runs on its side, untimed, before its timed calls. Right after
+# the other side's block a program runs slowly for a few calls, whoever owns
+# the threads (Intel Xeon with AVX-512 and AMX, 2 cores; ORT and eager in turn,
+# blocks of 8, medians by place in the block against the program alone):
+# timm_vit_tiny on ORT 3.74, 3.55, 3.38, 3.09, then 2.85-2.77 ms (2.63 alone),
+# eager 5.96, 5.38, 5.07, 4.87, then 4.76-4.70 (4.58); hf_resnet on ORT 0.77,
+# 0.51, 0.41, then 0.40-0.38 (0.38). Timed from a block's first call, ORT's
+# slower start cost it the in-place trial on timm_vit_tiny (4.17 ms in place
+# against the traced graph's 4.20; settled, it runs 2.6-3.0 ms, and plain
+# inductor 3.7). No steady loop of one program pays that start: it is the
+# trial's own cost. The lead also takes a side's first calls after a compile.
+LEAD_CALLS = 4
+#: the calls one block runs: its lead, then its timed calls
+BLOCK_LENGTH = LEAD_CALLS + BLOCK_CALLS
 # Blocks of calls whose mean size (log2 of an element count) rounds to the same
 # multiple of 1/SIZE_CLASSES_PER_OCTAVE are compared with each other: work
 # within one class differs by under 2**(1/2) = 1.41x.
@@ -85,8 +101,9 @@ def in_timing_loop() -> bool:
 
 class CallPeriods:
     """The durations and periods of the calls of one trial, by side, a block of
-    ``BLOCK_CALLS`` calls at a time: a block runs one side, and its period runs
-    from its first call's start to the next block's first call's start."""
+    ``BLOCK_LENGTH`` calls at a time: a block runs one side, ``LEAD_CALLS``
+    untimed, then ``BLOCK_CALLS`` timed, whose period runs from the first timed
+    call's start to the next block's first call's start."""
 
     def __init__(self, sides: Sequence[str], clock: Callable[[], float], seed: int | None = None) -> None:
         self.clock = clock
@@ -112,7 +129,7 @@ class CallPeriods:
         block = self._block
         if block is not None and block.thread != threading.get_ident():
             block = self._block = None
-        if block is not None and block.calls == BLOCK_CALLS:
+        if block is not None and block.calls == BLOCK_LENGTH:
             self.periods[block.side].append((now - block.start) / BLOCK_CALLS)
             self.durations[block.side].append(block.busy / BLOCK_CALLS)
             self.classes[block.side].append(block.size_class())
@@ -122,7 +139,10 @@ class CallPeriods:
                 self._order = list(self.sides)
                 self._random.shuffle(self._order)
             self._block = block = _Block(self._order.pop(), now, threading.get_ident())
-        block.sizes.append(size)
+        if block.calls == LEAD_CALLS:
+            block.start = now
+        if block.calls >= LEAD_CALLS:
+            block.sizes.append(size)
         return now
 
     @property
@@ -135,76 +155,76 @@ class CallPeriods:
         """The end of the timed call that began at ``start``."""
         block = self._block
         if block is not None:
-            block.busy += self.clock() - start
+            if block.calls >= LEAD_CALLS:
+                block.busy += self.clock() - start
             block.calls += 1
 
     def interrupt(self) -> None:
         """An untimed call ran: the block it broke is not counted."""
         self._block = None
 
-    def counted(self, skip: int = 0) -> int:
-        """The fewest blocks recorded past the first ``skip``, over the sides; where
-        calls come with sizes, the fewest that another side's blocks of the same
-        size class can be compared with, or ``UNCLASSED_BLOCKS`` times fewer of all sizes."""
-        classes = self._compared_classes(skip)
+    def counted(self) -> int:
+        """The fewest blocks recorded, over the sides; where calls come with sizes,
+        the fewest that another side's blocks of the same size class can be
+        compared with, or ``UNCLASSED_BLOCKS`` times fewer of all sizes."""
+        classes = self._compared_classes()
         if classes is not None:
-            return self._in_classes(classes, skip)
-        return max(self._recorded(skip) // (UNCLASSED_BLOCKS if self._sized() else 1), 0)
+            return self._in_classes(classes)
+        return self._recorded() // (UNCLASSED_BLOCKS if self._sized() else 1)
 
-    def calls(self, skip: int = 0) -> dict[str, float]:
-        """Each side's median call, its own time alone; the first ``skip`` blocks left out."""
-        return self._medians(self.durations, skip)
+    def calls(self) -> dict[str, float]:
+        """Each side's median call, its own time alone."""
+        return self._medians(self.durations)
 
-    def seconds(self, skip: int = 0) -> tuple[dict[str, float], str]:
+    def seconds(self) -> tuple[dict[str, float], str]:
         """Each side's median period per call, or where a period is mostly other
-        work (``PERIOD_SPAN``) each side's median call; the first ``skip`` blocks
-        of each side left out. Also which of the two was compared."""
-        durations = self.calls(skip)
-        periods = self._medians(self.periods, skip)
+        work (``PERIOD_SPAN``) each side's median call. Also which of the two
+        was compared."""
+        durations = self.calls()
+        periods = self._medians(self.periods)
         if all(periods[s] <= PERIOD_SPAN * durations[s] for s in self.sides):
             return periods, "period"
         return durations, "call"
 
-    def _medians(self, values: dict[str, list[float]], skip: int) -> dict[str, float]:
-        """Each side's median of ``values`` past its first ``skip`` blocks; where calls
-        come with sizes and enough blocks share size classes, the geometric mean
-        over those classes of its median there, so that each side is judged on
-        the same sizes."""
-        classes = self._compared_classes(skip)
+    def _medians(self, values: dict[str, list[float]]) -> dict[str, float]:
+        """Each side's median of ``values``; where calls come with sizes and enough
+        blocks share size classes, the geometric mean over those classes of its
+        median there, so that each side is judged on the same sizes."""
+        classes = self._compared_classes()
         if classes is None:
-            return {s: statistics.median_high(values[s][skip:]) for s in self.sides}
+            return {s: statistics.median_high(values[s]) for s in self.sides}
         medians = {}
         for s in self.sides:
             by_class: dict[int, list[float]] = {}
-            for value, size_class in zip(values[s][skip:], self.classes[s][skip:]):
+            for value, size_class in zip(values[s], self.classes[s]):
                 if size_class in classes:
                     by_class.setdefault(size_class, []).append(value)
             medians[s] = statistics.geometric_mean(statistics.median_high(v) for v in by_class.values())
         return medians
 
-    def _compared_classes(self, skip: int) -> set[int] | None:
-        """The size classes every side has blocks of past its first ``skip``, each
-        side judged within them; None where the blocks of all sizes are judged
-        together: calls without sizes, or too few blocks in shared classes (under
-        one in ``UNCLASSED_BLOCKS``)."""
+    def _compared_classes(self) -> set[int] | None:
+        """The size classes every side has blocks of, each side judged within
+        them; None where the blocks of all sizes are judged together: calls
+        without sizes, or too few blocks in shared classes (under one in
+        ``UNCLASSED_BLOCKS``)."""
         if not self._sized():
             return None
-        shared = set.intersection(*({c for c in self.classes[s][skip:] if c is not None} for s in self.sides))
-        if shared and self._in_classes(shared, skip) * UNCLASSED_BLOCKS >= self._recorded(skip):
+        shared = set.intersection(*({c for c in self.classes[s] if c is not None} for s in self.sides))
+        if shared and self._in_classes(shared) * UNCLASSED_BLOCKS >= self._recorded():
             return shared
         return None
 
-    def _recorded(self, skip: int) -> int:
-        """The fewest blocks recorded past the first ``skip``, over the sides."""
-        return min(len(self.periods[s]) for s in self.sides) - skip
+    def _recorded(self) -> int:
+        """The fewest blocks recorded, over the sides."""
+        return min(len(self.periods[s]) for s in self.sides)
 
     def _sized(self) -> bool:
         """Whether the calls come with sizes (a block of them has a size class)."""
         return any(c is not None for s in self.sides for c in self.classes[s])
 
-    def _in_classes(self, shared: set[int], skip: int) -> int:
-        """The fewest blocks past the first ``skip`` in ``shared`` classes, over the sides."""
-        return min(sum(c in shared for c in self.classes[s][skip:]) for s in self.sides)
+    def _in_classes(self, shared: set[int]) -> int:
+        """The fewest blocks in ``shared`` classes, over the sides."""
+        return min(sum(c in shared for c in self.classes[s]) for s in self.sides)
 
 
 def call_size(gm: torch.fx.GraphModule) -> Callable[[Sequence[Any]], float] | None:
@@ -232,10 +252,10 @@ def call_size(gm: torch.fx.GraphModule) -> Callable[[Sequence[Any]], float] | No
 @dataclass
 class _Block:
     side: str
-    start: float
+    start: float  # the first timed call's, once it starts
     thread: int
-    calls: int = 0
-    busy: float = 0.0  # seconds inside the block's calls
+    calls: int = 0  # lead and timed
+    busy: float = 0.0  # seconds inside the block's timed calls
     sizes: list[float | None] = field(default_factory=list)  # each call's, where calls differ
 
     def size_class(self) -> int | None:

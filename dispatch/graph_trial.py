@@ -63,7 +63,7 @@ import torch.fx
 
 from . import autotune, trial_slot
 from .cache import ArtifactCache, region_key, timing_context
-from .call_periods import BLOCK_CALLS, CallPeriods, call_size, in_timing_loop
+from .call_periods import BLOCK_LENGTH, CallPeriods, call_size, in_timing_loop
 from .config import Config
 from .cpu_contention import NOT_CACHED, ContentionMeter
 from .graph_tuning import (
@@ -79,7 +79,6 @@ from .planner import availability
 from .region import GraphPlan
 from .routes import registry
 from .routes.onnx_threads import TRIAL_BLOCKS as THREAD_TRIAL_BLOCKS
-from .routes.onnx_threads import WARM_BLOCKS as THREAD_WARM_BLOCKS
 from .stitch import StitchedGraph
 from .trial_inductor import InductorSide
 from .trial_margins import (
@@ -100,11 +99,10 @@ IN_PLACE = "in place"  # the key of this measurement in each region's ``measured
 # regions, and ORT regions then try their thread counts
 # (onnx_threads.ThreadCountTrial) over this many calls, the last period ending
 # as the next call starts.
-ROUTED_FIRST_CALLS = 2 + 2 * BLOCK_CALLS * (THREAD_WARM_BLOCKS + THREAD_TRIAL_BLOCKS)
-WARM_BLOCKS = 1  # untimed blocks of calls of each side once the sides alternate
-TIMED_BLOCKS = 4  # timed blocks of each side (call_periods.BLOCK_CALLS calls each)
+ROUTED_FIRST_CALLS = 2 + 2 * BLOCK_LENGTH * THREAD_TRIAL_BLOCKS
+TIMED_BLOCKS = 4  # timed blocks of each side (call_periods.BLOCK_LENGTH calls each)
 #: a round's calls, with the call after it, that decides it
-ROUND_CALLS = 2 * BLOCK_CALLS * (WARM_BLOCKS + TIMED_BLOCKS) + 1
+ROUND_CALLS = 2 * BLOCK_LENGTH * TIMED_BLOCKS + 1
 #: the calls one graph's trial takes at most: against the traced graph, then inductor's rounds
 LONGEST_TRIAL_CALLS = ROUTED_FIRST_CALLS + ROUND_CALLS * (2 + EXTRA_INDUCTOR_ROUNDS)
 _KIND = "in-place-trial"
@@ -250,7 +248,7 @@ class InPlaceTrial:
                 return self._compile_on_inductor(args)
             self.contention.resume()
             start = self.periods.start(self.size(args) if self.size is not None else None)
-            if self.periods.counted(skip=WARM_BLOCKS) >= TIMED_BLOCKS:
+            if self.periods.counted() >= TIMED_BLOCKS:
                 self.decide()
                 if self.chosen is not None:
                     trial_slot.TRIAL_SLOT.release(self)
@@ -277,12 +275,12 @@ class InPlaceTrial:
             # Every region fell back on its first call: nothing left to compare.
             self.chosen = self.sides[AS_ROUTED]
             return
-        seconds, _ = self.periods.seconds(skip=WARM_BLOCKS)
+        seconds, _ = self.periods.seconds()
         if self.leader is None:
             self.first_round = seconds
             routed_won = seconds[AS_ROUTED] < self._routed_margin() * seconds[AS_TRACED]
             self.leader = AS_ROUTED if routed_won else AS_TRACED
-            calls = self.periods.calls(skip=WARM_BLOCKS)
+            calls = self.periods.calls()
             share = calls[AS_ROUTED] / calls[AS_TRACED]
             if self.inductor_side.tried(self.leader, calls[self.leader], share):
                 self.timing = [ON_INDUCTOR, self.leader]

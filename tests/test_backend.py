@@ -326,7 +326,7 @@ def test_ort_workers_stop_spinning_when_a_run_returns(monkeypatch, torch_threads
     17 MFLOP at 512 rows is tried on one thread and on the pool (``onnx_threads.py``)."""
     import onnxruntime
 
-    from dispatch.call_periods import BLOCK_CALLS
+    from dispatch.call_periods import BLOCK_LENGTH
 
     opened = []
     real = onnxruntime.InferenceSession
@@ -340,7 +340,7 @@ def test_ort_workers_stop_spinning_when_a_run_returns(monkeypatch, torch_threads
     model, x = GraphBreak().eval(), torch.randn(rows, 128)
     compiled = torch.compile(model, backend="auto")
     with torch.no_grad():
-        for _ in range(2 * BLOCK_CALLS + 1):  # a block of calls on each side of a trial
+        for _ in range(2 * BLOCK_LENGTH + 1):  # a block of calls on each side of a trial
             torch.testing.assert_close(compiled(x), model(x))
     for options in opened:
         assert options.get_session_config_entry("session.force_spinning_stop") == "1"
@@ -361,8 +361,8 @@ def test_a_mid_sized_region_keeps_the_thread_count_measured_in_place(
     keeps one of them."""
     import onnxruntime
 
-    from dispatch.call_periods import BLOCK_CALLS
-    from dispatch.routes.onnx_threads import TRIAL_BLOCKS, WARM_BLOCKS
+    from dispatch.call_periods import BLOCK_LENGTH
+    from dispatch.routes.onnx_threads import TRIAL_BLOCKS
 
     threads = []
     real = onnxruntime.InferenceSession
@@ -377,7 +377,7 @@ def test_a_mid_sized_region_keeps_the_thread_count_measured_in_place(
     model, x = GraphBreak().eval(), torch.randn(512, 128)
     compiled = torch.compile(model, backend="auto")
     with torch.no_grad(), caplog.at_level(logging.INFO, logger="dispatch"):
-        for _ in range(2 * BLOCK_CALLS * (WARM_BLOCKS + TRIAL_BLOCKS) + 2):
+        for _ in range(2 * BLOCK_LENGTH * TRIAL_BLOCKS + 2):
             torch.testing.assert_close(compiled(x), model(x))
     assert sorted(threads) == [1, 1, 2, 2]  # per Dynamo graph: one thread, then the pool
     kept = [r.getMessage() for r in caplog.records if "measured in place" in r.getMessage()]

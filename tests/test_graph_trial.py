@@ -20,7 +20,7 @@ import dispatch.trial_slot as trial_slot
 from benchmarks.zoo.models import InplaceInput
 from benchmarks.zoo.patterns import EinsumMasked
 from dispatch.autotune import format_seconds
-from dispatch.call_periods import BLOCK_CALLS
+from dispatch.call_periods import BLOCK_LENGTH
 from dispatch.cpu_contention import NOT_CACHED
 from dispatch.graph_trial import (
     IN_PLACE,
@@ -28,7 +28,6 @@ from dispatch.graph_trial import (
     ON_INDUCTOR,
     ROUTED_FIRST_CALLS,
     TIMED_BLOCKS,
-    WARM_BLOCKS,
 )
 from dispatch.graph_tuning import WHOLE_ON_INDUCTOR
 from dispatch.plain_inductor import PLAIN_INDUCTOR
@@ -37,7 +36,7 @@ from dispatch.routes.inductor import InductorRoute
 from tests.models import ExpertBetweenOnnx
 
 #: calls of one round of the trial: each side's blocks
-TIMED_LENGTH = 2 * BLOCK_CALLS * (WARM_BLOCKS + TIMED_BLOCKS)
+TIMED_LENGTH = 2 * BLOCK_LENGTH * TIMED_BLOCKS
 #: calls until the trial has decided: the last timed call's period ends as the next call starts
 TRIAL_LENGTH = ROUTED_FIRST_CALLS + TIMED_LENGTH + 1
 #: and where inductor is tried: that call compiles it, untimed, then both in turn again

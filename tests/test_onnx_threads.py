@@ -4,20 +4,19 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from dispatch.call_periods import BLOCK_CALLS, timing_loop
+from dispatch.call_periods import BLOCK_LENGTH, timing_loop
 from dispatch.routes.onnx_threads import (
     ONE,
     POOL,
     POOL_TRIAL,
     TRIAL,
     TRIAL_BLOCKS,
-    WARM_BLOCKS,
     ThreadCountTrial,
     thread_plan,
 )
 
 #: calls until the trial has settled: the last timed call's period ends as the next call starts
-TRIAL_LENGTH = 2 * BLOCK_CALLS * (WARM_BLOCKS + TRIAL_BLOCKS) + 1
+TRIAL_LENGTH = 2 * BLOCK_LENGTH * TRIAL_BLOCKS + 1
 
 
 @pytest.mark.parametrize(
@@ -77,7 +76,7 @@ def test_the_trial_keeps_the_session_whose_runs_were_faster(pool_first, pool_s, 
     for k in range(TRIAL_LENGTH + 5):
         assert trial(torch.tensor(k)) == k + 1
     # in blocks while measuring, each side once in every pair of blocks, then only the one kept
-    blocks = [set(sessions.ran[k : k + BLOCK_CALLS]) for k in range(0, TRIAL_LENGTH - 1, BLOCK_CALLS)]
+    blocks = [set(sessions.ran[k : k + BLOCK_LENGTH]) for k in range(0, TRIAL_LENGTH - 1, BLOCK_LENGTH)]
     assert all(len(block) == 1 for block in blocks)
     pairs = [blocks[k] | blocks[k + 1] for k in range(0, len(blocks), 2)]
     assert pairs == [{"one", "pool"}] * (len(blocks) // 2)
@@ -153,8 +152,9 @@ def test_calls_inside_a_timing_loop_run_the_first_side_untimed():
     assert sessions.ran[-1] == "one"
 
 
-def test_the_first_runs_of_each_side_are_not_counted():
-    """A session's first runs pay for its allocations: a slow first pool run must not decide."""
+def test_the_first_runs_of_each_block_are_not_counted():
+    """A session's first runs pay for its allocations, and each block's first runs
+    for the other side's that ran before: the pool, slow for those, must not lose."""
     sessions = _Sessions(50e-6, 100e-6)
     cost = sessions.cost
     real = sessions.build
@@ -164,11 +164,10 @@ def test_the_first_runs_of_each_side_are_not_counted():
         if one:
             return run
 
-        calls = []
-
         def slow_start(x):
-            calls.append(1)
-            cost[False] = 1.0 if len(calls) <= WARM_BLOCKS * BLOCK_CALLS else 50e-6
+            last_one = max((k for k, s in enumerate(sessions.ran) if s == "one"), default=-1)
+            in_a_row = len(sessions.ran) - last_one  # this run's place among the pool's runs in a row
+            cost[False] = 1.0 if in_a_row <= 3 else 50e-6
             return run(x)
 
         return slow_start

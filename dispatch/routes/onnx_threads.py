@@ -65,8 +65,9 @@ LARGE_REGION_FLOPS = 25_000_000
 # Where a size is symbolic (no flop estimate): one thread below this many
 # elements in the largest input, else a trial.
 SMALL_REGION_NUMEL = 4096
-TRIAL_BLOCKS = 4  # timed blocks of calls per side (call_periods.BLOCK_CALLS each)
-WARM_BLOCKS = 1  # before them, untimed: a session's first runs pay for its allocations
+# Timed blocks of calls per side (call_periods.BLOCK_LENGTH each). A session's
+# first runs pay for its allocations: each block's lead leaves them untimed.
+TRIAL_BLOCKS = 4
 POOL_MARGIN = 0.9  # the side that did not run first wins with 90% of the other's time or less
 
 
@@ -134,7 +135,7 @@ class ThreadCountTrial:
                 self.periods.interrupt()
                 return self.sessions[self.incumbent](*args)
             start = self.periods.start()
-            if self.periods.counted() >= WARM_BLOCKS + TRIAL_BLOCKS:
+            if self.periods.counted() >= TRIAL_BLOCKS:
                 self._settle()
                 assert self.chosen is not None
                 return self.chosen(*args)
@@ -147,7 +148,7 @@ class ThreadCountTrial:
             return out
 
     def _settle(self) -> None:
-        seconds, measure = self.periods.seconds(skip=WARM_BLOCKS)
+        seconds, measure = self.periods.seconds()
         pool, one = seconds[POOL], seconds[ONE]
         # The side the trial started on keeps a near tie.
         one_thread = pool > POOL_MARGIN * one if self.incumbent else one < POOL_MARGIN * pool
