@@ -17,9 +17,10 @@ it) is judged by its calls alone (``calls``).
 The sides run in blocks of calls (``BLOCK_CALLS``), each side's blocks in a
 shuffled order, and each block's timed calls come after ``LEAD_CALLS`` untimed
 ones of its side: a program's first calls after the other side's ran slowly on
-every model measured, whichever side it was, and ORT's by the most. A call from another thread, a call made inside a timing loop
-(``timing_loop``: autotune's, back to back) or a call left untimed breaks the
-block it falls in: that block is not counted.
+every model measured, whichever side it was, and ORT's by the most. A call
+from another thread, a call made inside a timing loop (``timing_loop``:
+autotune's, back to back) or a call left untimed breaks the block it falls
+in: that block is not counted.
 
 Calls of a graph with symbolic sizes differ in work from one to the next (a
 sequence length per request). Each such call then comes with its size (the
