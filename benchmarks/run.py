@@ -24,6 +24,7 @@ from .columns import COLUMNS, OURS, PEERS
 from .machine import cpu
 from .models import MODELS
 from .process import Worker, time_in_turn, warm_start_error
+from .warm_up import WARM_UP_CALLS
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -72,7 +73,8 @@ def run(models: list[str], seconds: float) -> dict:
         row = {"model": name, "columns": {}}
         for col in COLUMNS:
             ready = workers[col].ready
-            after = workers[col].final.get("error_after_timing")  # None: still accurate, or not timed
+            final = workers[col].final
+            after = final.get("error_after_timing")  # None: still accurate, or not timed
             row["columns"][col] = {
                 "ok": bool(ready.get("ok")) and not after and col not in warm_errors,
                 "per_call_s": per_call.get(col),
@@ -81,7 +83,9 @@ def run(models: list[str], seconds: float) -> dict:
                 "max_error": ready.get("max_error"),
                 "peak_rss_mb": rss.get(col),
                 "error": ready.get("error") or _after_timing(after) or warm_errors.get(col),
-                "routes": ready.get("routes") or [],
+                # as they ran after the warm-up, where it ran: a trial may move regions
+                "routes": final.get("routes") or ready.get("routes") or [],
+                "warm_up_s": final.get("warm_up_s"),
                 "load_s": ready.get("load_s"),
             }
         flops = model_flops(name)
@@ -202,9 +206,11 @@ def markdown(result: dict) -> str:
         "",
         f"CPU: {m.get('cpu', 'unknown')}; vector flags: {', '.join(m.get('vector_flags') or ['unknown'])}.",
         "",
-        "Per-call time (median of batches taken in turn, each column in its own process) \\| "
+        f"Per-call time (median of batches taken in turn, each column in its own process, after "
+        f"{WARM_UP_CALLS} untimed calls) \\| "
         "cold compile (first call, fresh caches) \\| warm compile (median of three later processes, same caches) "
-        "\\| peak RSS; for auto, the routes its regions ran on. auto: rules; auto_tuned: measured routing.",
+        "\\| peak RSS; for auto, the routes its regions ran on after those calls. auto: rules; "
+        "auto_tuned: measured routing.",
         "",
         "| model | " + " | ".join(COLUMNS) + " |",
         "|---|" + "---|" * len(COLUMNS),

@@ -8,9 +8,11 @@ compile time is the first call, compile included), judges the output against
 fp32 eager by the dashboard's rule (``benchmarks/accuracy.py``; a column that
 fails it is reported failed, never timed, and never the best peer), prints one
 ``BENCH_READY {json}`` line, then serves timing requests on stdin: a line ``N``
-runs N calls and answers ``BENCH_TIME seconds``; ``quit`` ends it with
-``BENCH_RSS {json}``: peak memory, and the output judged again on new input
-values (auto's trials swap in other programs after the first call). A column lives alone in its
+runs N calls and answers ``BENCH_TIME seconds``, the first after
+``WARM_UP_CALLS`` untimed calls (``warm_up.py``), as the zoo's workers do;
+``quit`` ends it with ``BENCH_RSS {json}``: peak memory, the warm-up's length,
+the routes as they run then, and the output judged again on new input values
+(auto's trials swap in other programs after the first call). A column lives alone in its
 process so that no other runtime's thread pool (torch's OpenMP workers, another
 ORT session) spins beside it.
 """
@@ -35,6 +37,7 @@ from . import columns
 from .accuracy import accurate, give_new_values, in_float64
 from .models import build
 from .process import collect_set_up_garbage
+from .warm_up import warmed_up
 
 
 def _warm_up_process() -> None:
@@ -112,19 +115,25 @@ def main(model_name: str, column: str, cache_dir: str | None = None) -> None:
             "routes": [r.route for p in plans for r in p.regions],
         }
         print("BENCH_READY " + json.dumps(ready), flush=True)
-        timed = False
+        warm_up: dict[str, float] = {}
         for line in sys.stdin:
             command = line.strip()
             if command == "quit":
                 break
             n = int(command)
+            if not warm_up:
+                warm_up = warmed_up(fn)
             start = time.perf_counter()
             for _ in range(n):
                 fn()
-            timed = True
             print(f"BENCH_TIME {time.perf_counter() - start}", flush=True)
-        final = {"peak_rss_mb": _peak_rss_mb()}
-        if timed:  # judged again, on new input values: auto's trials swap programs after the first call
+        # The routes as they run now: a trial may have moved regions since the first call.
+        final = {
+            "peak_rss_mb": _peak_rss_mb(),
+            **warm_up,
+            "routes": list(dict.fromkeys(r.route for p in plans for r in p.regions)),
+        }
+        if warm_up:  # judged again, on new input values: auto's trials swap programs after the first call
             give_new_values(inputs)
             try:
                 fp64, expected = _references(model, inputs)

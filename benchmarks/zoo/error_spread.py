@@ -12,7 +12,7 @@ last ones rolled, ``accuracy.give_new_values``), each column's failures by the
 rule and the median of its error over eager's. A lost precision shows as a
 median ratio above one; rounding noise as rare failures around a ratio near
 one, which plain inductor shares. Inference, float32, CPU; each column
-compiled once and warmed up (``worker.WARM_UP_CALLS``) before its first input.
+compiled once and warmed up (``warm_up.WARM_UP_CALLS``) before its first input.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import statistics
 import torch
 
 from ..accuracy import accurate, copies, floating_leaves, fp64_inference, give_new_values
+from ..warm_up import WARM_UP_CALLS
 from . import columns
 from .wider import EVERY_MODEL
-from .worker import WARM_UP_CALLS
 
 
 def rmse(result: object, truth: object) -> float:

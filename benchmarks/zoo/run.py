@@ -7,7 +7,7 @@
 Per cell: pass or fail with the reason, accuracy against eager in the cell's
 dtype with an fp64 truth (as PyTorch's benchmark dashboard judges it),
 per-call median (batches taken in turn across the columns' processes, after
-``worker.WARM_UP_CALLS`` untimed calls in each; with --processes N, the
+``warm_up.WARM_UP_CALLS`` untimed calls in each; with --processes N, the
 fastest of each column's N processes), cold compile (first call, fresh caches),
 warm compile (a second process on the same caches, inductor and auto), peak
 memory (RSS on CPU, allocated GPU memory on CUDA). Per column: pass rate and
@@ -36,10 +36,10 @@ import torch
 from ..machine import cpu
 from ..process import Worker, time_in_turn, warm_start_error
 from ..run import _fmt_time as format_time
+from ..warm_up import WARM_UP_CALLS
 from .columns import CPU_COLUMNS, CUDA_COLUMNS, TRAIN_COLUMNS
 from .models import ZOO
 from .wider import EVERY_MODEL, model_names
-from .worker import WARM_UP_CALLS
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 WARM = ("inductor", "auto")

@@ -9,7 +9,7 @@ dashboard does (``torch._dynamo.utils.same`` against eager in the cell's dtype o
 its device, with an fp64 run as the truth: in float32 that is fp32 eager; in
 bfloat16 a result passes when it is about as close to fp64 as bfloat16 eager
 is), prints ``ZOO_READY {json}``, then answers timing requests on stdin as
-``benchmarks.worker`` does, after ``WARM_UP_CALLS`` untimed calls (``_warmed_up``);
+``benchmarks.worker`` does, after ``WARM_UP_CALLS`` untimed calls (``warm_up.warmed_up``);
 on ``quit`` it reports the warm-up's length, the routes as they ran last, and
 its accuracy judged again (the program auto's trials left running).
 Once the cell is built, before it compiles, it prints ``WORKER_LOADED`` and
@@ -32,7 +32,6 @@ from contextlib import redirect_stdout
 import torch
 
 from dispatch.errors import error_line
-from dispatch.graph_trial import LONGEST_TRIAL_CALLS
 from dispatch.record import recorder
 from dispatch.region import region_table
 
@@ -47,14 +46,9 @@ from ..accuracy import (
     inference_accurate_now,
 )
 from ..process import LOADED, collect_set_up_garbage
+from ..warm_up import warmed_up
 from . import columns
 from .wider import EVERY_MODEL
-
-# Past the longest in-place trial of one graph (165 calls: its thread counts,
-# routed against traced, inductor's round and one more), and at least the 150
-# that hf_mamba's trial needed to compile inductor.
-WARM_UP_CALLS = max(150, LONGEST_TRIAL_CALLS)
-WARM_UP_S = 120.0  # a cap for the slowest cells (a training step of seconds)
 
 
 def moved(model, inputs, device, dtype):
@@ -140,22 +134,6 @@ def _routes(plans) -> list[str]:
     return sorted({r.route for p in plans for r in p.regions})
 
 
-def _warmed_up(fn, sync) -> dict:
-    """``WARM_UP_CALLS`` calls (or ``WARM_UP_S``) before the first timed batch, as
-    a model runs in a service or a training loop, and how long they took. What a
-    column decides on its calls (auto's trials: ORT's thread count, a small graph
-    against the graph as traced, inductor for a graph slow for its work) is
-    then decided: hf_mamba's trial compiles inductor around its 80th call, for
-    seconds, and the timing budget ran out on that call before."""
-    start = time.perf_counter()
-    calls = 0
-    while calls < WARM_UP_CALLS and time.perf_counter() - start < WARM_UP_S:
-        fn()
-        calls += 1
-    sync()
-    return {"warm_up_s": time.perf_counter() - start, "warm_up_calls": calls}
-
-
 def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_dir: str | None) -> None:
     cache_dir = cache_dir or tempfile.mkdtemp(prefix="zoo-cache-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
@@ -227,7 +205,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
                 break
             n = int(command)
             if not warm_up:
-                warm_up = _warmed_up(fn, sync)
+                warm_up = warmed_up(fn, sync)
             sync()
             start = time.perf_counter()
             for _ in range(n):
