@@ -58,7 +58,9 @@ def _onnx_regions(explanation):
 
 @pytest.mark.parametrize("timed", [{WHOLE: 1.0}], indirect=True)
 @torch.no_grad()
-def test_a_cut_graph_runs_as_one_inductor_compile_where_that_is_fastest(timed, route_compiles):
+def test_a_cut_graph_runs_as_one_inductor_compile_where_that_is_fastest(
+    timed, route_compiles, no_trial_follows
+):
     """Its ORT regions compiled one by one kept the cuts: on Mixtral that ran 1.10x
     plain inductor's time, in one process."""
     model = ExpertBetweenOnnx(WIDE).eval()
@@ -83,7 +85,9 @@ def test_a_cut_graph_runs_as_one_inductor_compile_where_that_is_fastest(timed, r
 
 @pytest.mark.parametrize("timed", [{ON_INDUCTOR: 1.0}], indirect=True)
 @torch.no_grad()
-def test_onnx_regions_move_to_inductor_one_by_one_where_the_whole_graph_fails(timed, monkeypatch):
+def test_onnx_regions_move_to_inductor_one_by_one_where_the_whole_graph_fails(
+    timed, monkeypatch, no_trial_follows
+):
     _inductor_refuses_the_expert(monkeypatch)
     model = ExpertBetweenOnnx(WIDE).eval()
     explanation = _explained(model)
@@ -119,7 +123,7 @@ def test_onnx_regions_stay_where_they_run_the_graph_faster(timed, no_trial_follo
     indirect=["timed"],
 )
 @torch.no_grad()
-def test_inductor_takes_a_near_tie_with_the_graph_as_routed(timed, route):
+def test_inductor_takes_a_near_tie_with_the_graph_as_routed(timed, route, no_trial_follows):
     """Jamba kept ORT at 2.64 ms against inductor's 2.72 in one process and ran
     2.17x plain inductor's time; as routed, it measured 2.55-6.22 ms across four."""
     explanation = _explained(ExpertBetweenOnnx(WIDE).eval())
@@ -180,7 +184,7 @@ def test_a_cut_graph_runs_eagerly_where_that_is_fastest(timed):
 
 @pytest.mark.parametrize("timed", [{WHOLE: 1.0}], indirect=True)
 @torch.no_grad()
-def test_a_failing_inductor_candidate_is_not_timed(timed, monkeypatch):
+def test_a_failing_inductor_candidate_is_not_timed(timed, monkeypatch, no_trial_follows):
     def fail(self, gm, args):
         raise RuntimeError("inductor exploded")
 
@@ -249,7 +253,9 @@ def test_the_unsplit_graph_is_kept_only_while_inductor_may_compile_it_whole(time
 
 @pytest.mark.parametrize("timed", [{WHOLE: 1.0}], indirect=True)
 @torch.no_grad()
-def test_a_warm_start_whose_whole_graph_fails_runs_its_regions_and_says_so_once(timed, monkeypatch):
+def test_a_warm_start_whose_whole_graph_fails_runs_its_regions_and_says_so_once(
+    timed, monkeypatch, no_trial_follows
+):
     model = ExpertBetweenOnnx(WIDE).eval()
     _explained(model)  # the cold start: the whole graph on inductor won, and the decision is cached
     _inductor_refuses_the_expert(monkeypatch)
