@@ -105,8 +105,8 @@ INDUCTOR_TIE = 1.05
 # Past the bar, where the in-place trial follows, the graph stays as routed for
 # it up to this share of all eager's time. The check's as routed is not yet the
 # program that runs: an ORT region of the thread trial's band is on the count it
-# starts on (the bench's custom_op_mlp, one thread: 1.29 of all eager's time,
-# where its pool later ran in 0.83), and all eager runs the lowered graph where
+# starts on (the bench's custom_op_mlp, beside an eager custom op: one thread,
+# 1.29 of all eager's time), and all eager runs the lowered graph where
 # the trial's traced side runs torch's own kernels (TransformerEncoderLayer's
 # fused path). There the check compiled the lowered graph on inductor, 9-11 s
 # of the first call; beyond this share, the trial's calls as routed cost more.
