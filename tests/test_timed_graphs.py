@@ -123,46 +123,44 @@ def test_inductor_is_timed_where_onnx_beats_eager_by_little(timed, no_trial_foll
     assert [r.route for r in explanation.regions] == ["onnxrt"]
 
 
-@pytest.mark.parametrize("timed", [{"as routed": 1.7}], indirect=True)
+@pytest.mark.parametrize(
+    "timed, line",
+    [
+        (
+            {"as routed": 1.7},
+            "as routed 1.70 ms, all eager 2.00 ms; inductor left to the in-place trial: as routed "
+            "took 0.85 of all eager's time, past 0.8; the trial compiles it on a later call and "
+            "times it in place",
+        ),
+        (
+            {"as routed": 2.6},
+            "as routed 2.60 ms, all eager 2.00 ms; inductor left to the in-place trial: as routed "
+            "took 1.30 of all eager's time, past 0.8; the trial compiles it on a later call and "
+            "times it in place, and times the graph as routed, its ORT thread counts tried, "
+            "against the traced graph",
+        ),
+    ],
+    indirect=["timed"],
+    ids=["onnx-ahead", "eager-a-little-ahead"],
+)
 @torch.no_grad()
-def test_past_the_bar_the_first_call_leaves_inductor_to_the_in_place_trial(timed, route_compiles):
+def test_past_the_bar_the_first_call_leaves_inductor_to_the_in_place_trial(timed, route_compiles, line):
     """A 12-layer BERT took 26 s to its first result against plain inductor's 10:
     the check compiled auto's lowered graph, which the in-place trial then
-    compiled again as plain inductor's. Where ORT leads all eager, the trial
-    that follows now compiles inductor once, on a later call
-    (``test_graph_trial``); the first call compiles ORT's session alone."""
+    compiled again as plain inductor's. The trial that follows now compiles
+    inductor once, on a later call (``test_graph_trial``); the first call
+    compiles ORT's session alone. So too where all eager leads by a little: the
+    bench's custom_op_mlp took 1.27 of all eager's time as routed at the check,
+    its ORT regions on the one thread they start on, and the check compiled the
+    lowered graph on inductor (9.4 s to the first result, 2.2 s kept for the
+    trial, which times the graph as routed once its thread counts are tried,
+    against the traced graph)."""
     model, args = LARGE
     [region] = _explained(model, args).regions
     assert region.route == "onnxrt"
     assert timed == [ONNX_AND_EAGER]
     assert route_compiles == ["onnxrt"]
-    assert region.measured["whole graph"] == (
-        "as routed 1.70 ms, all eager 2.00 ms; inductor left to the in-place trial: as routed "
-        "took 0.85 of all eager's time, past 0.8; the trial compiles it on a later call and "
-        "times it in place"
-    )
-
-
-@pytest.mark.parametrize("timed", [{"as routed": 2.6}], indirect=True)
-@torch.no_grad()
-def test_past_the_bar_with_eager_a_little_ahead_the_graph_is_kept_for_the_trial(timed, route_compiles):
-    """The bench's custom_op_mlp took 1.27 of all eager's time as routed at the
-    check, its ORT regions on the one thread they start on, and the check
-    compiled the lowered graph on inductor: 9.4 s to the first result. The
-    in-place trial that follows times the graph as routed once its thread counts
-    are tried, against the traced graph (torch's own kernels), and compiles
-    plain inductor itself: the first call took 2.2 s."""
-    model, args = LARGE
-    [region] = _explained(model, args).regions
-    assert region.route == "onnxrt"
-    assert timed == [ONNX_AND_EAGER]
-    assert route_compiles == ["onnxrt"]
-    assert region.measured["whole graph"] == (
-        "as routed 2.60 ms, all eager 2.00 ms; inductor left to the in-place trial: as routed "
-        "took 1.30 of all eager's time, past 0.8; the trial compiles it on a later call and "
-        "times it in place, and times the graph as routed, its ORT thread counts tried, "
-        "against the traced graph"
-    )
+    assert region.measured["whole graph"] == line
 
 
 @pytest.mark.parametrize("timed", [{"as routed": 4.2, ON_INDUCTOR: 1.0}], indirect=True)
