@@ -86,9 +86,9 @@ def _in_canonical_order(traced: torch.fx.GraphModule) -> None:
     _LazyGraphModule.force_recompile(traced)
     with sanitize_gm_for_cache(traced):  # leaves each field it clears present
         pass
-    attributes = sorted(traced.__dict__.items())
-    traced.__dict__.clear()
-    traced.__dict__.update(attributes)
+    # Swapped whole, not cleared and refilled: a thread running the graph as
+    # traced meanwhile sees one complete set of attributes or the other.
+    object.__setattr__(traced, "__dict__", dict(sorted(traced.__dict__.items())))
 
 
 def checked_plain_call(
