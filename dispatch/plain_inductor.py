@@ -33,7 +33,8 @@ from .config import Config
 from .errors import error_line
 from .inductor_isa import probe_vector_isas
 from .routes import CompiledFn
-from .routes.inductor import fake_inputs
+from .routes.inductor import fake_inputs, size_guards
+from .routes.onnx_guards import ShapeClasses
 from .stitch import FallbackWarning
 from .whole_inductor import compiling_whole_graph
 
@@ -52,6 +53,13 @@ def compile_plain(traced: torch.fx.GraphModule, args: Sequence[Any], config: Con
     (``inductor_isa.py``), as for the inductor route: unanswered, its child
     processes took 2.2 s of a warm start's 5.3 (Falcon, Xeon with AMX).
 
+    That shape environment is this program's own, not Dynamo's, so what inductor
+    assumed of the symbolic sizes there is checked on each call, as for an
+    inductor region (``routes/inductor.size_guards``): a call that breaks it gets
+    a program compiled for its shapes, and past ``MAX_SHAPE_CLASSES`` runs as
+    traced. Unchecked, a ``torch.cond`` graph compiled on a batch of 2 returned
+    2 rows for every batch after it.
+
     Returned without the ``torch._dynamo.disable`` wrapper ``compile_fx`` puts
     around its program: it runs only inside auto's callable, which Dynamo already
     runs disabled, and the second wrapper cost 0.65 µs a call (focal_loss's
@@ -59,13 +67,19 @@ def compile_plain(traced: torch.fx.GraphModule, args: Sequence[Any], config: Con
     from torch._dynamo.eval_frame import innermost_fn
     from torch._inductor.compile_fx import compile_fx
 
-    fakes, _ = fake_inputs(traced.graph.find_nodes(op="placeholder"), args)
-    with compiling_whole_graph(config):
-        probe_vector_isas(current_cache(), args)
-        _in_canonical_order(traced)
-        compiled = compile_fx(traced, fakes)
-    assert callable(compiled), f"inductor returned {type(compiled).__name__}, not a program"
-    return innermost_fn(compiled)
+    def build(call_args: Sequence[Any]) -> tuple[CompiledFn, tuple[str, ...]]:
+        fakes, shape_env = fake_inputs(traced.graph.find_nodes(op="placeholder"), call_args)
+        with compiling_whole_graph(config):
+            probe_vector_isas(current_cache(), call_args)
+            _in_canonical_order(traced)
+            compiled = compile_fx(traced, fakes)
+        assert callable(compiled), f"inductor returned {type(compiled).__name__}, not a program"
+        return innermost_fn(compiled), size_guards(shape_env, fakes)
+
+    program, guards = build(args)
+    if not guards:
+        return program
+    return ShapeClasses(program, guards, build, traced.forward, route="inductor")
 
 
 def _in_canonical_order(traced: torch.fx.GraphModule) -> None:

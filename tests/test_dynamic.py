@@ -201,3 +201,41 @@ def test_an_inductor_region_checks_what_its_compile_assumed_of_the_sizes():
     for n in (5, 9, 12):
         for out, expected in zip(region(8, 4, x, n), _slices_at(x, n)):
             torch.testing.assert_close(out, expected)
+
+
+def test_an_inductor_region_checks_a_symbolic_size_its_compile_took_for_a_number():
+    """Torch leaves out of its guards a tensor size that reads as a number, since
+    Dynamo checks the sizes that were static when it traced. A size symbolic in the
+    region's own shape environment that inductor took for the first call's value
+    is checked by nobody else: the region must check it."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from dispatch.routes.inductor import size_guards
+    from dispatch.routes.onnx_guards import shape_check
+
+    shape_env = ShapeEnv()
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    fake = FakeTensorMode(shape_env=shape_env).from_tensor(
+        torch.randn(2, 5), source=ConstantSource("x"), symbolic_context=context
+    )
+    assert bool(fake.shape[0] == 2)  # what a compile that branches on the size records
+    holds = shape_check(size_guards(shape_env, [fake]))
+    assert holds([torch.randn(2, 5)])
+    assert not holds([torch.randn(3, 5)])
+
+
+def test_an_integer_input_that_is_a_tensors_size_is_faked_as_that_size():
+    """Dynamo passes a batch size beside the tensor that has it, both one symbol. Faked
+    as two, inductor could only reconcile them by taking both for the first call's
+    value (a ``torch.cond`` graph: a program for that batch alone)."""
+    from dispatch.routes.inductor import fake_inputs
+
+    graph = _aten_graph(_offset_positions, torch.randn(5), 3)
+    placeholders = graph.graph.find_nodes(op="placeholder")
+    assert [isinstance(p.meta["val"], torch.SymInt) for p in placeholders] == [True, False, True]
+    fakes, _ = fake_inputs(placeholders, [5, torch.randn(5), 3])
+    size, x, position = fakes
+    assert size.node.expr == x.shape[0].node.expr  # one symbol, as in Dynamo's graph
+    assert position.node.expr != size.node.expr  # an integer of its own keeps its own

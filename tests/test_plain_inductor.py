@@ -106,3 +106,37 @@ def test_a_graph_of_symbolic_sizes_compiles_for_every_size():
     for rows in (4, 9):
         x = torch.randn(rows, 6)
         torch.testing.assert_close(compiled(*call(x))[0], model(x))
+
+
+class _Branches(torch.nn.Module):
+    """``torch.cond`` between two heads, as the zoo's cond_branches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Linear(64, 64)
+        self.wide = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 64))
+        self.narrow = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x).relu()
+        return torch.cond(h.mean() > 0.2, self.wide, self.narrow, (h,)).softmax(-1)
+
+
+@torch.no_grad()
+def test_a_program_compiled_for_one_batch_of_a_dynamic_graph_runs_only_that_batch():
+    """Inductor compiles the trial's program in a shape environment of its own, and
+    a ``torch.cond`` graph compiled on a batch of 2 took the batch for 2: with
+    nothing checking that, it returned 2 rows for every later batch."""
+    torch.manual_seed(0)
+    model, x = _Branches().eval(), torch.randn(2, 32, 64)
+    torch._dynamo.mark_dynamic(x, 0)  # as Dynamo marks a batch size that changed
+    gm, args = _dynamo_graph(model, x)
+    (position,) = [i for i, a in enumerate(args) if isinstance(a, torch.SymInt)]
+
+    def call(x: torch.Tensor) -> list:  # the graph's inputs on a call: weights, the batch size, x
+        return [x.shape[0] if i == position else x if a.dim() == 3 else a for i, a in enumerate(args)]
+
+    compiled = compile_plain(gm, call(torch.randn(2, 32, 64)), Config())
+    for batch in (3, 2, 5, 1):
+        x = torch.randn(batch, 32, 64)
+        torch.testing.assert_close(compiled(*call(x))[0], model(x))

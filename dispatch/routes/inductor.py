@@ -55,7 +55,7 @@ class InductorRoute(Route):
 
         def build(args: Sequence[Any]) -> tuple[CompiledFn, tuple[str, ...]]:
             fakes, shape_env = fake_inputs(placeholders, args)
-            return inductor_compile(gm, fakes), _size_guards(shape_env, fakes)
+            return inductor_compile(gm, fakes), size_guards(shape_env, fakes)
 
         compiled, guards = build(example_inputs)
         if not guards:
@@ -117,18 +117,32 @@ def _shape(node: torch.fx.Node) -> tuple[Any, ...]:
     return tuple(value.shape) if isinstance(value, torch.Tensor) else ()
 
 
-def _size_guards(shape_env: Any, fakes: Sequence[Any]) -> tuple[str, ...]:
+def size_guards(shape_env: Any, fakes: Sequence[Any]) -> tuple[str, ...]:
     """What inductor assumed of the symbolic sizes (and strides) of ``fakes`` while it
     compiled, as Python over ``args``, the region's arguments.
 
     Dynamo checks the guards of its own shape environment on every call; this one
-    is the region's own, so nothing would check these. Gemma 2's decoding step
-    compiled whole by inductor assumed a cache of at most 4095 positions (its
-    sliding window) and contiguous caches."""
+    is the region's own (or the in-place trial's plain inductor program's), so
+    nothing would check these. Gemma 2's decoding step compiled whole by inductor
+    assumed a cache of at most 4095 positions (its sliding window) and contiguous
+    caches. And torch leaves out of its guards a tensor's size that now reads as
+    a number, since Dynamo checks the sizes that were static when it traced: a
+    size that was symbolic here and that inductor took for the first call's
+    value is checked by nobody else, so it is added (a ``torch.cond`` graph
+    compiled on a batch of 2 returned 2 rows for every later batch)."""
+    guards = []
     expression = shape_env.produce_guards_expression(fakes)
-    if expression is None:
-        return ()
-    return (over_args(expression, {f"t{i}": i for i in range(len(fakes))}, "inductor: the region"),)
+    if expression is not None:
+        guards.append(over_args(expression, {f"t{i}": i for i in range(len(fakes))}, "inductor: the region"))
+    for i, fake in enumerate(fakes):
+        if not isinstance(fake, torch.Tensor):
+            continue
+        for d, size in enumerate(fake.shape):
+            if isinstance(size, torch.SymInt):
+                value = shape_env.replace(size.node.expr)
+                if value.is_number:
+                    guards.append(f"args[{i}].size()[{d}] == {int(value)}")
+    return tuple(guards)
 
 
 def fake_inputs(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> tuple[list[Any], Any]:
@@ -149,25 +163,46 @@ def fake_inputs(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> tuple
 
     shape_env = ShapeEnv()
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
-    fakes: list[Any] = []
-    for i, (node, arg) in enumerate(zip(placeholders, args, strict=True)):
+    fakes: list[Any] = list(args)
+    sizes_of: dict[Any, torch.SymInt] = {}  # a symbol of the graph's -> the fake's size that carries it
+    values = [node.meta.get(META_VAL, node.meta.get(META_EXAMPLE_VALUE)) for node in placeholders]
+    for i, (value, arg) in enumerate(zip(values, args, strict=True)):
         # A region's aten graph holds its values under "val", Dynamo's graph (the
         # in-place trial's plain inductor) under "example_value".
-        value = node.meta.get(META_VAL, node.meta.get(META_EXAMPLE_VALUE))
-        source = ConstantSource(f"region_input_{i}")
         if isinstance(arg, torch.Tensor):
             sizes = value.shape if isinstance(value, torch.Tensor) else arg.shape
             dynamic = [
                 DimDynamic.DYNAMIC if isinstance(s, torch.SymInt) else DimDynamic.STATIC for s in sizes
             ]
             context: StatelessSymbolicContext = StatelessSymbolicContext(dynamic_sizes=dynamic)
-            fakes.append(mode.from_tensor(arg, source=source, symbolic_context=context))
-        elif isinstance(value, torch.SymInt) and isinstance(arg, int):
-            # As Dynamo makes an integer input symbolic: any sign, and 0 and 1 not
-            # specialised. A size symbol of the first call's 0 compiled the region
-            # for 0, and every later value ran it as 0 (a cache position: wrong
-            # attention masks).
-            fakes.append(shape_env.create_unspecified_symint_and_symbol(arg, source, DimDynamic.DYNAMIC))
-        else:
-            fakes.append(arg)
+            fakes[i] = mode.from_tensor(
+                arg, source=ConstantSource(f"region_input_{i}"), symbolic_context=context
+            )
+            for size, fake_size in zip(sizes, fakes[i].shape):
+                if isinstance(size, torch.SymInt) and isinstance(fake_size, torch.SymInt):
+                    sizes_of.setdefault(size.node.expr, fake_size)
+    for i, (value, arg) in enumerate(zip(values, args)):
+        if isinstance(value, torch.SymInt) and isinstance(arg, int):
+            fakes[i] = _size_input(shape_env, value, arg, sizes_of, f"region_input_{i}")
     return fakes, shape_env
+
+
+def _size_input(
+    shape_env: Any, value: torch.SymInt, arg: int, sizes_of: dict[Any, torch.SymInt], name: str
+) -> torch.SymInt:
+    """The fake of an integer input that the graph holds as ``value``: where that
+    is a size of a tensor input (Dynamo passes a batch size beside the tensor that
+    has it), that fake's size; else a symbol of its own, as Dynamo makes an
+    integer input symbolic: any sign, and 0 and 1 not specialised. A size symbol
+    of the first call's 0 compiled the region for 0, and every later value ran it
+    as 0 (a cache position: wrong attention masks). Given a symbol of its own
+    beside the tensor's, the size of a ``torch.cond`` graph's input was two
+    symbols that inductor could only reconcile by taking both for the first
+    call's batch: the program returned that many rows for every later batch."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    same = sizes_of.get(value.node.expr)
+    if same is not None and same.node.hint == arg:
+        return same
+    return shape_env.create_unspecified_symint_and_symbol(arg, ConstantSource(name), DimDynamic.DYNAMIC)
