@@ -107,11 +107,24 @@ def zoo(session: nox.Session) -> None:
     auto, then every model through dispatch.lower (saved, loaded in a fresh process);
     results under benchmarks/results/zoo-*. Arguments go to benchmarks.zoo.run; the
     lowered pass reads its --models and --seconds."""
+    _install_zoo(session)
+    session.run("python", "-m", "benchmarks.zoo.run", *session.posargs)
+    session.run("python", "-m", "benchmarks.zoo.lowered", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def shapes(session: nox.Session) -> None:
+    """The zoo's models under auto on other batch sizes, sequence lengths and image
+    sizes, every output judged against eager, in a cold process and a warm one;
+    results under benchmarks/results/zoo-shapes-*. Arguments go to benchmarks.zoo.shapes."""
+    _install_zoo(session)
+    session.run("python", "-m", "benchmarks.zoo.shapes", *session.posargs)
+
+
+def _install_zoo(session: nox.Session) -> None:
     install(session, "bench")
     session.install(*ZOO_WITH_DEPS)
     session.install("--no-deps", *ZOO_WITHOUT_DEPS)
-    session.run("python", "-m", "benchmarks.zoo.run", *session.posargs)
-    session.run("python", "-m", "benchmarks.zoo.lowered", *session.posargs)
 
 
 @nox.session(python=PYTHON)
