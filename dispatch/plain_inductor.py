@@ -33,8 +33,7 @@ from .config import Config
 from .errors import error_line
 from .inductor_isa import probe_vector_isas
 from .routes import CompiledFn
-from .routes.inductor import fake_inputs, size_guards
-from .routes.onnx_guards import ShapeClasses
+from .routes.inductor import compiled_per_shape_class
 from .stitch import FallbackWarning
 from .whole_inductor import compiling_whole_graph
 
@@ -55,9 +54,9 @@ def compile_plain(traced: torch.fx.GraphModule, args: Sequence[Any], config: Con
 
     That shape environment is this program's own, not Dynamo's, so what inductor
     assumed of the symbolic sizes there is checked on each call, as for an
-    inductor region (``routes/inductor.size_guards``): a call that breaks it gets
-    a program compiled for its shapes, and past ``MAX_SHAPE_CLASSES`` runs as
-    traced. Unchecked, a ``torch.cond`` graph compiled on a batch of 2 returned
+    inductor region (``routes/inductor.compiled_per_shape_class``): a call that
+    breaks it gets a program compiled for its shapes, and past
+    ``MAX_SHAPE_CLASSES`` runs as traced. Unchecked, a ``torch.cond`` graph compiled on a batch of 2 returned
     2 rows for every batch after it.
 
     Returned without the ``torch._dynamo.disable`` wrapper ``compile_fx`` puts
@@ -67,19 +66,16 @@ def compile_plain(traced: torch.fx.GraphModule, args: Sequence[Any], config: Con
     from torch._dynamo.eval_frame import innermost_fn
     from torch._inductor.compile_fx import compile_fx
 
-    def build(call_args: Sequence[Any]) -> tuple[CompiledFn, tuple[str, ...]]:
-        fakes, shape_env = fake_inputs(traced.graph.find_nodes(op="placeholder"), call_args)
+    def compile_fakes(fakes: list[Any], call_args: Sequence[Any]) -> CompiledFn:
         with compiling_whole_graph(config):
             probe_vector_isas(current_cache(), call_args)
             _in_canonical_order(traced)
             compiled = compile_fx(traced, fakes)
         assert callable(compiled), f"inductor returned {type(compiled).__name__}, not a program"
-        return innermost_fn(compiled), size_guards(shape_env, fakes)
+        return innermost_fn(compiled)
 
-    program, guards = build(args)
-    if not guards:
-        return program
-    return ShapeClasses(program, guards, build, traced.forward, route="inductor")
+    placeholders = traced.graph.find_nodes(op="placeholder")
+    return compiled_per_shape_class(placeholders, args, compile_fakes, traced.forward)
 
 
 def _in_canonical_order(traced: torch.fx.GraphModule) -> None:

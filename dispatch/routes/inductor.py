@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -52,15 +52,9 @@ class InductorRoute(Route):
 
         probe_vector_isas(current_cache(), example_inputs)
         placeholders = gm.graph.find_nodes(op="placeholder")
-
-        def build(args: Sequence[Any]) -> tuple[CompiledFn, tuple[str, ...]]:
-            fakes, shape_env = fake_inputs(placeholders, args)
-            return inductor_compile(gm, fakes), size_guards(shape_env, fakes)
-
-        compiled, guards = build(example_inputs)
-        if not guards:
-            return compiled
-        return ShapeClasses(compiled, guards, build, gm, route=self.name)
+        return compiled_per_shape_class(
+            placeholders, example_inputs, lambda fakes, _: inductor_compile(gm, fakes), gm
+        )
 
     def preprocess(self, region: RegionProgram, compile_specs: Mapping[str, Any]) -> PreprocessResult:
         """The region as an AOTInductor package (the bytes of its ``.pt2`` archive)."""
@@ -115,6 +109,29 @@ class InductorRoute(Route):
 def _shape(node: torch.fx.Node) -> tuple[Any, ...]:
     value = node.meta.get(META_VAL)
     return tuple(value.shape) if isinstance(value, torch.Tensor) else ()
+
+
+def compiled_per_shape_class(
+    placeholders: list[torch.fx.Node],
+    args: Sequence[Any],
+    compile_fakes: Callable[[list[Any], Sequence[Any]], CompiledFn],
+    fallback: CompiledFn,
+) -> CompiledFn:
+    """``compile_fakes(fakes, args)``, inductor's program of a graph (``placeholders``
+    are its inputs) compiled on fakes of ``args`` in a shape environment of its own
+    (``fake_inputs``). Where inductor assumed anything of the symbolic sizes there
+    (``size_guards``), nothing else checks it: the program runs inside
+    ``ShapeClasses``, where a call that breaks those assumptions gets a program
+    compiled for its own shapes, and past ``MAX_SHAPE_CLASSES`` runs ``fallback``."""
+
+    def build(call_args: Sequence[Any]) -> tuple[CompiledFn, tuple[str, ...]]:
+        fakes, shape_env = fake_inputs(placeholders, call_args)
+        return compile_fakes(fakes, call_args), size_guards(shape_env, fakes)
+
+    compiled, guards = build(args)
+    if not guards:
+        return compiled
+    return ShapeClasses(compiled, guards, build, fallback, route="inductor")
 
 
 def size_guards(shape_env: Any, fakes: Sequence[Any]) -> tuple[str, ...]:
