@@ -50,6 +50,21 @@ def child_env(**overrides: str) -> dict[str, str]:
     return {**env, **overrides}
 
 
+def marked_report(
+    module: str, args: list[str], marker: str, timeout: float, env: dict[str, str] | None = None
+) -> tuple[dict[str, Any] | None, str]:
+    """``python -m module args`` run to its end in a child process: the JSON on its
+    stdout line that starts with ``marker``, or None and the last line of its
+    stderr (why it gave none)."""
+    result = subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    for line in result.stdout.splitlines():
+        if line.startswith(marker):
+            return json.loads(line.removeprefix(marker)), ""
+    return None, (result.stderr.strip().splitlines() or ["no output"])[-1][:300]
+
+
 class Worker:
     """A running worker module (``python -m MODULE ARGS...``) for one cell."""
 

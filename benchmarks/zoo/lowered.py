@@ -16,11 +16,12 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from ..process import marked_report
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -138,17 +139,8 @@ def _median_call_s(fn, seconds: float) -> float:
 
 
 def _child(args: list[str]) -> dict:
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.zoo.lowered", *args], capture_output=True, text=True, timeout=1800
-    )
-    for line in result.stdout.splitlines():
-        if line.startswith("ZOO_LOWERED "):
-            return json.loads(line.removeprefix("ZOO_LOWERED "))
-    return {
-        "ok": False,
-        "stage": args[0],
-        "error": (result.stderr.strip().splitlines() or ["no output"])[-1][:300],
-    }
+    report, error = marked_report("benchmarks.zoo.lowered", args, "ZOO_LOWERED ", timeout=1800)
+    return report if report is not None else {"ok": False, "stage": args[0], "error": error}
 
 
 def run(models: list[str], seconds: float) -> dict:

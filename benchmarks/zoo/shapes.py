@@ -27,8 +27,6 @@ import contextlib
 import io
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +35,7 @@ from typing import Any
 import torch
 
 from ..machine import cpu
+from ..process import child_env, marked_report
 from .wider import EVERY_MODEL, model_names
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -151,23 +150,11 @@ def _one(name: str, cache: str, calls: int) -> None:
 
 
 def _run(name: str, cache: str, calls: int) -> dict[str, Any]:
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.zoo.shapes",
-        "--one",
-        name,
-        "--cache",
-        cache,
-        "--calls",
-        str(calls),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    for line in done.stdout.splitlines():
-        if line.startswith(MARKER):
-            return json.loads(line[len(MARKER) :])
-    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"model": name, "checks": [{"phase": "process", "shape": "", "ok": False, "error": tail[:300]}]}
+    args = ["--one", name, "--cache", cache, "--calls", str(calls)]
+    report, error = marked_report("benchmarks.zoo.shapes", args, MARKER, timeout=1800, env=child_env())
+    if report is not None:
+        return report
+    return {"model": name, "checks": [{"phase": "process", "shape": "", "ok": False, "error": error}]}
 
 
 def _markdown(report: dict[str, Any]) -> str:
