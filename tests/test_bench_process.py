@@ -739,3 +739,19 @@ def test_a_bench_column_whose_second_check_cannot_run_reports_why(monkeypatch, c
     lines = capsys.readouterr().out.splitlines()
     final = json.loads(next(x for x in lines if x.startswith("BENCH_RSS "))[len("BENCH_RSS ") :])
     assert "eager cannot run these values" in final["error_after_timing"]
+
+
+def test_the_shapes_check_also_hands_an_image_model_its_images_channels_last():
+    import torch
+
+    from benchmarks.zoo.shapes import _shape, other_inputs
+
+    images = other_inputs((torch.randn(2, 3, 64, 64),))
+    last = images[-1][0]
+    assert last.shape == (3, 3, 64, 64) and not last.is_contiguous()
+    assert last.is_contiguous(memory_format=torch.channels_last)
+    assert _shape(images[-1]) == "3x3x64x64 channels-last"
+    assert all(t.is_contiguous() for shape in images[:-1] for t in shape)
+    tokens = other_inputs((torch.randint(0, 10, (2, 64)),))
+    assert all(t.is_contiguous() for shape in tokens for t in shape)
+    assert len(tokens) == len(images) - 1

@@ -3,7 +3,8 @@
     python -m benchmarks.zoo.shapes [--models NAMES|wider] [--calls 300]
 
 Each model is called with other batch sizes, and where it takes them, other
-sequence lengths (2-d integer inputs) and image sizes (4-d floating inputs):
+sequence lengths (2-d integer inputs) and image sizes (4-d floating inputs),
+and images stored channels-last:
 each shape in turn for a few calls (Dynamo compiles a graph for the first
 shape, again for the second, then a graph of symbolic sizes), then ``--calls``
 calls of the shapes mixed, so that auto's in-place trials run and settle on
@@ -58,11 +59,21 @@ def other_inputs(inputs: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, .
                 shape[0] = batch
             if t.dim() == 2 and not t.is_floating_point() and t.dtype != torch.bool:
                 shape[1] = max(4, shape[1] + more_tokens)
-            if t.dim() == 4 and t.is_floating_point():
+            if _image_input(t):
                 shape[2], shape[3] = max(32, shape[2] + more_pixels), max(32, shape[3] + more_pixels)
             changed.append(_like(t, shape))
         shapes.append(tuple(changed))
+    if any(_image_input(t) for t in inputs):
+        # The same images stored channels-last, as a CNN user's loader or
+        # ``x.to(memory_format=torch.channels_last)`` hands them over: Dynamo
+        # compiles again for their strides, and each route reads them its own way.
+        first = shapes[OTHER_SHAPES.index((3, 0, 0))]  # batch 3, the inputs' own sizes
+        shapes.append(tuple(t.to(memory_format=torch.channels_last) if _image_input(t) else t for t in first))
     return shapes
+
+
+def _image_input(t: torch.Tensor) -> bool:
+    return t.dim() == 4 and t.is_floating_point()
 
 
 def _like(t: torch.Tensor, shape: list[int]) -> torch.Tensor:
@@ -76,7 +87,13 @@ def _like(t: torch.Tensor, shape: list[int]) -> torch.Tensor:
 
 
 def _shape(inputs: tuple[torch.Tensor, ...]) -> str:
-    return " ".join("x".join(map(str, t.shape)) for t in inputs)
+    return " ".join("x".join(map(str, t.shape)) + _layout(t) for t in inputs)
+
+
+def _layout(t: torch.Tensor) -> str:
+    if t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
+        return " channels-last"
+    return ""
 
 
 def _accurate(reference: Any, fp64: Any, out: Any) -> bool:
