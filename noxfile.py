@@ -115,8 +115,9 @@ def zoo(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def shapes(session: nox.Session) -> None:
     """The zoo's models under auto on other batch sizes, sequence lengths and image
-    sizes, every output judged against eager, in a cold process and a warm one;
-    results under benchmarks/results/zoo-shapes-*. Arguments go to benchmarks.zoo.shapes."""
+    sizes, and on images stored channels-last, every output judged against eager,
+    in a cold process and a warm one; results under benchmarks/results/zoo-shapes-*.
+    Arguments go to benchmarks.zoo.shapes."""
     _install_zoo(session)
     session.run("python", "-m", "benchmarks.zoo.shapes", *session.posargs)
 

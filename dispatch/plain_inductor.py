@@ -56,8 +56,8 @@ def compile_plain(traced: torch.fx.GraphModule, args: Sequence[Any], config: Con
     assumed of the symbolic sizes there is checked on each call, as for an
     inductor region (``routes/inductor.compiled_per_shape_class``): a call that
     breaks it gets a program compiled for its shapes, and past
-    ``MAX_SHAPE_CLASSES`` runs as traced. Unchecked, a ``torch.cond`` graph compiled on a batch of 2 returned
-    2 rows for every batch after it.
+    ``MAX_SHAPE_CLASSES`` runs as traced. Unchecked, a ``torch.cond`` graph
+    compiled on a batch of 2 returned 2 rows for every batch after it.
 
     Returned without the ``torch._dynamo.disable`` wrapper ``compile_fx`` puts
     around its program: it runs only inside auto's callable, which Dynamo already
