@@ -18,7 +18,15 @@ import torch.fx
 
 from .config import Config
 from .graph_tuning import AS_ROUTED, ON_INDUCTOR, WHOLE_ON_INDUCTOR, WholeGraphCheck
-from .inductor_bar import CUTTING_ROUTE, conv_bound, many_small_ops, mostly_loops, without_matmuls
+from .inductor_bar import (
+    CUTTING_ROUTE,
+    FUSED_AWAY_OPS,
+    conv_bound,
+    fused_away_ops,
+    many_small_ops,
+    mostly_loops,
+    without_matmuls,
+)
 from .plain_inductor import PLAIN_INDUCTOR, checked_plain_call
 from .routes import CompiledFn
 from .stitch import StitchedGraph, with_forward_swapped, with_region_inputs, with_regions_swapped
@@ -89,8 +97,11 @@ class InductorSide:
         graph's (``routed_share``)."""
         if not self.enabled:
             return False
-        small = leader_s < INDUCTOR_TRIAL_S  # tried only where mostly loops, then however far ORT leads
-        if small and not mostly_loops(self.runners):
+        # Under the bar, tried only where mostly loops, then however far ORT leads,
+        # or where the traced graph led and inductor would fuse some of its ops away.
+        small = leader_s < INDUCTOR_TRIAL_S
+        fuses = leader != AS_ROUTED and fused_away_ops(self.runners) >= FUSED_AWAY_OPS
+        if small and not (mostly_loops(self.runners) or fuses):
             return False
         check = self.whole_check
         if check is not None:
