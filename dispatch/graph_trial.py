@@ -35,12 +35,12 @@ may be bound by its count of ops (ORT not far ahead of the traced graph, and
 nearer still where its ORT regions are bound by convolutions, which inductor
 runs as the traced graph does; many small ops or no matmul in its ORT regions;
 or a traced higher-order op), or a faster one whose ORT regions are mostly
-ops inductor fuses into loops, or which the traced graph led with a few such
-ops in its ORT regions (auto would run it at the floor), goes on: on a later call the Dynamo graph is
-compiled as plain inductor compiles it (``plain_inductor.py``), else the graph
-before its split, else its ORT regions one by one (``trial_inductor.py``), and
-that is timed in turn against the leader, each side judged by its better round
-(``trial_margins.inductor_wins``).
+ops inductor fuses into loops, or one the traced graph led where inductor
+would fuse some of its ops away (auto would run it at the floor), goes on: on
+a later call the Dynamo graph is compiled as plain inductor compiles it
+(``plain_inductor.py``), else the graph before its split, else its ORT regions
+one by one (``trial_inductor.py``), and that is timed in turn against the
+leader, each side judged by its better round (``trial_margins.inductor_wins``).
 Where the check moved the graph to inductor, it compiled auto's lowered graph:
 plain inductor's program of the Dynamo graph is then timed against whichever
 led, and takes a near tie from the lowered one. The measurements behind each

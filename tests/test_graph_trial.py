@@ -910,7 +910,7 @@ def test_a_convolution_bound_graph_tries_inductor_only_where_onnx_is_near_the_tr
     ids=["loops-near", "loops-far-ahead", "short-runs-of-loops", "matmuls", "traced-led", "onnx-led"],
 )
 @torch.no_grad()
-def test_a_graph_under_the_trial_bar_tries_inductor_only_where_it_is_mostly_loops(
+def test_a_graph_under_the_trial_bar_tries_inductor_only_where_inductor_would_fuse_its_loops(
     ort_costs, monkeypatch, model, routed_s, route
 ):
     """Every graph here runs under ``INDUCTOR_TRIAL_S`` (the fake clock's bar is 1 s).
