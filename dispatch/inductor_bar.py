@@ -172,7 +172,7 @@ def mostly_loops(runners: Sequence[RegionRunner]) -> bool:
     """Whether the ONNX Runtime regions among ``runners`` are mostly ops inductor
     writes as loops (``LOOP_OPS``, ``LOOPS_PER_RUN``): a small graph of them
     runs faster as a few fused loop nests than op by op."""
-    counts = [loop_ops(gm) for gm in _onnx_graphs(runners)]
+    counts = _loop_counts(runners)
     loops, kernels = sum(c[0] for c in counts), sum(c[1] for c in counts)
     return loops >= LOOP_OPS and loops >= LOOPS_PER_RUN * (kernels + 1)
 
@@ -181,8 +181,12 @@ def fused_away_ops(runners: Sequence[RegionRunner]) -> int:
     """The fewest dispatches of the traced graph that inductor would fuse away in
     the ONNX Runtime regions among ``runners``: each region's loop ops past one per
     run of them between its kernels (``FUSED_AWAY_OPS``)."""
-    counts = [loop_ops(gm) for gm in _onnx_graphs(runners)]
-    return sum(max(0, loops - (kernels + 1)) for loops, kernels in counts)
+    return sum(max(0, loops - (kernels + 1)) for loops, kernels in _loop_counts(runners))
+
+
+def _loop_counts(runners: Sequence[RegionRunner]) -> list[tuple[int, int]]:
+    """``work.loop_ops`` of each ONNX Runtime region among ``runners``."""
+    return [loop_ops(gm) for gm in _onnx_graphs(runners)]
 
 
 def moves_much(runners: Sequence[RegionRunner]) -> bool:

@@ -90,6 +90,10 @@ class InductorSide:
             return INDUCTOR_OVER_TRACED_MARGIN
         return PLAIN_OVER_LOWERED_MARGIN if self.routed_on_inductor else INDUCTOR_OVER_ROUTED_MARGIN
 
+    def _fuses_traced_leader(self, leader: str) -> bool:
+        """Whether the traced graph led and inductor would fuse away ``FUSED_AWAY_OPS`` of its ops."""
+        return leader != AS_ROUTED and fused_away_ops(self.runners) >= FUSED_AWAY_OPS
+
     def tried(self, leader: str, leader_s: float, routed_share: float) -> bool:
         """Whether inductor is compiled and timed against ``leader``, by the first
         round's median calls (the graph's own work, not the code after it): the
@@ -100,8 +104,7 @@ class InductorSide:
         # Under the bar, tried only where mostly loops, then however far ORT leads,
         # or where the traced graph led and inductor would fuse some of its ops away.
         small = leader_s < INDUCTOR_TRIAL_S
-        fuses = leader != AS_ROUTED and fused_away_ops(self.runners) >= FUSED_AWAY_OPS
-        if small and not (mostly_loops(self.runners) or fuses):
+        if small and not (mostly_loops(self.runners) or self._fuses_traced_leader(leader)):
             return False
         check = self.whole_check
         if check is not None:
