@@ -55,9 +55,13 @@ def marked_report(
 ) -> tuple[dict[str, Any] | None, str]:
     """``python -m module args`` run to its end in a child process: the JSON on its
     stdout line that starts with ``marker``, or None and the last line of its
-    stderr (why it gave none)."""
+    stderr (why it gave none). ``env``: the child's environment, ``child_env()`` where None."""
     result = subprocess.run(
-        [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env if env is not None else child_env(),
     )
     for line in result.stdout.splitlines():
         if line.startswith(marker):

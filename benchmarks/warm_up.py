@@ -11,9 +11,10 @@ batches sized from those calls the bench read it at 9.9 ms.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 from dispatch.graph_trial import LONGEST_TRIAL_CALLS
 
@@ -35,3 +36,29 @@ def warmed_up(fn: Callable[[], Any], sync: Callable[[], None] = lambda: None) ->
         calls += 1
     sync()
     return {"warm_up_s": time.perf_counter() - start, "warm_up_calls": calls}
+
+
+def serve_timing_requests(
+    fn: Callable[[], Any], sync: Callable[[], None] = lambda: None, out: TextIO | None = None
+) -> dict[str, float]:
+    """A worker's timing loop (``process.Worker``): each stdin line ``N`` times N
+    calls of ``fn`` and answers ``BENCH_TIME seconds`` on ``out`` (stdout where
+    None); ``quit`` or the end of stdin ends it. The first request warms up
+    first (``warmed_up``), whose times are returned ({} where none came)."""
+    out = out or sys.stdout
+    warm_up: dict[str, float] = {}
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "quit":
+            break
+        n = int(command)
+        if not warm_up:
+            warm_up = warmed_up(fn, sync)
+        sync()
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        out.write(f"BENCH_TIME {time.perf_counter() - start}\n")
+        out.flush()
+    return warm_up

@@ -37,7 +37,7 @@ from . import columns
 from .accuracy import accurate, give_new_values, in_float64
 from .models import build
 from .process import collect_set_up_garbage
-from .warm_up import warmed_up
+from .warm_up import serve_timing_requests
 
 
 def _warm_up_process() -> None:
@@ -115,18 +115,7 @@ def main(model_name: str, column: str, cache_dir: str | None = None) -> None:
             "routes": [r.route for p in plans for r in p.regions],
         }
         print("BENCH_READY " + json.dumps(ready), flush=True)
-        warm_up: dict[str, float] = {}
-        for line in sys.stdin:
-            command = line.strip()
-            if command == "quit":
-                break
-            n = int(command)
-            if not warm_up:
-                warm_up = warmed_up(fn)
-            start = time.perf_counter()
-            for _ in range(n):
-                fn()
-            print(f"BENCH_TIME {time.perf_counter() - start}", flush=True)
+        warm_up = serve_timing_requests(fn)
         # The routes as they run now: a trial may have moved regions since the first call.
         final = {
             "peak_rss_mb": _peak_rss_mb(),

@@ -755,3 +755,35 @@ def test_the_shapes_check_also_hands_an_image_model_its_images_channels_last():
     tokens = other_inputs((torch.randint(0, 10, (2, 64)),))
     assert all(t.is_contiguous() for shape in tokens for t in shape)
     assert len(tokens) == len(images) - 1
+
+
+def test_a_workers_timing_loop_warms_up_once_and_answers_each_request(monkeypatch):
+    import io
+
+    from benchmarks import warm_up
+
+    calls, syncs = [], []
+    monkeypatch.setattr(warm_up, "WARM_UP_CALLS", 4)
+    monkeypatch.setattr("sys.stdin", io.StringIO("3\n2\nquit\n5\n"))
+    out = io.StringIO()
+    times = warm_up.serve_timing_requests(lambda: calls.append(1), lambda: syncs.append(1), out)
+    answers = out.getvalue().splitlines()
+    assert len(answers) == 2 and all(a.startswith("BENCH_TIME ") for a in answers)
+    assert len(calls) == 4 + 3 + 2  # the warm-up, then each request; nothing after quit
+    assert times["warm_up_calls"] == 4 and len(syncs) == 1 + 2 * 2
+
+
+def test_a_benchmark_child_never_sees_the_users_dispatch_settings(monkeypatch, tmp_path):
+    # A forced route in the user's shell would change what auto's column (or the
+    # lowered round trip) measures.
+    from benchmarks.process import marked_report
+
+    (tmp_path / "env_probe.py").write_text(
+        "import json, os\nprint('ENV ' + json.dumps(sorted(k for k in os.environ if k.startswith('DISPATCH_'))))\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("DISPATCH_ROUTE", "eager")
+    report, error = marked_report("env_probe", [], "ENV ", timeout=60)
+    assert report == [], error
+    report, _ = marked_report("env_probe", [], "ENV ", timeout=60, env={**os.environ})
+    assert "DISPATCH_ROUTE" in report  # an explicit environment is passed as given

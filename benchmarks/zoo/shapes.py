@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ..machine import cpu
-from ..process import child_env, marked_report
+from ..process import marked_report
 from .wider import EVERY_MODEL, model_names
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -168,7 +168,7 @@ def _one(name: str, cache: str, calls: int) -> None:
 
 def _run(name: str, cache: str, calls: int) -> dict[str, Any]:
     args = ["--one", name, "--cache", cache, "--calls", str(calls)]
-    report, error = marked_report("benchmarks.zoo.shapes", args, MARKER, timeout=1800, env=child_env())
+    report, error = marked_report("benchmarks.zoo.shapes", args, MARKER, timeout=1800)
     if report is not None:
         return report
     return {"model": name, "checks": [{"phase": "process", "shape": "", "ok": False, "error": error}]}

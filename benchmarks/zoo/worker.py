@@ -46,7 +46,7 @@ from ..accuracy import (
     inference_accurate_now,
 )
 from ..process import LOADED, collect_set_up_garbage
-from ..warm_up import warmed_up
+from ..warm_up import serve_timing_requests
 from . import columns
 from .wider import EVERY_MODEL
 
@@ -197,22 +197,8 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
     if not report.get("ok"):
         return
     context = torch.no_grad() if mode == "infer" else torch.enable_grad()
-    warm_up: dict = {}
-    with context, redirect_stdout(sys.stderr):
-        for line in sys.stdin:
-            command = line.strip()
-            if command == "quit":
-                break
-            n = int(command)
-            if not warm_up:
-                warm_up = warmed_up(fn, sync)
-            sync()
-            start = time.perf_counter()
-            for _ in range(n):
-                fn()
-            sync()
-            sys.__stdout__.write(f"BENCH_TIME {time.perf_counter() - start}\n")
-            sys.__stdout__.flush()
+    with context, redirect_stdout(sys.stderr):  # the model's prints stay off the answers
+        warm_up = serve_timing_requests(fn, sync, sys.__stdout__)
     # The routes as they run now: a trial may have moved regions since the first call.
     final = {"peak_rss_mb": _peak_mb(device), **warm_up, "routes": _routes(plans)}
     if warm_up:  # after the peak is read: the check holds copies of the model
