@@ -15,7 +15,8 @@ hf_resnet, hf_bert, timm_mobilenetv3 and the graph-break model), beside two
 busy processes 40% to 50%. Its worker threads are no measure: when the sides
 of a trial alternate, torch's OpenMP workers, spinning after their ops, and
 ORT's wait for each other, up to 18% of the wall time on the quiet machine.
-A decision whose timing thread waited ``CONTENDED_SHARE`` of its wall time or
+The in-place trial times a round so held once more (``graph_trial``), and a
+decision whose timing thread waited ``CONTENDED_SHARE`` of its wall time or
 more is applied in this process and not cached: the next process times it
 again. Where the kernel does not say (another OS), every timing counts as quiet.
 """
@@ -86,10 +87,22 @@ class ContentionMeter:
             return
         self.waited += max(0, after - before) / 1e9
 
-    def contended(self) -> bool:
-        """Whether the timing thread waited ``CONTENDED_SHARE`` of the wall time or more."""
+    def contended(self, since: tuple[float, float] = (0.0, 0.0)) -> bool:
+        """Whether the timing thread waited ``CONTENDED_SHARE`` of the wall time or
+        more: all of it, or what came after the ``mark`` ``since``."""
         self.pause()
-        return self.wall > 0 and self.waited >= CONTENDED_SHARE * self.wall
+        wall, waited = self.wall - since[0], self.waited - since[1]
+        return wall > 0 and waited >= CONTENDED_SHARE * wall
+
+    def mark(self) -> tuple[float, float]:
+        """The wall time and wait so far, for ``contended`` and ``discard`` to count from."""
+        self.pause()
+        return self.wall, self.waited
+
+    def discard(self, since: tuple[float, float]) -> None:
+        """Forget what came after the ``mark`` ``since``: a timing thrown away."""
+        self.pause()
+        self.wall, self.waited = since
 
     def note(self) -> str:
         """Why a contended timing is ``NOT_CACHED``, to follow those words in its line."""

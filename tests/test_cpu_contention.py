@@ -53,6 +53,23 @@ def test_waits_are_counted_only_inside_the_windows():
     assert not meter.contended()
 
 
+def test_a_window_is_judged_from_its_mark_and_a_discarded_one_no_longer_counts():
+    clock = Clock()
+    meter = _meter(clock)
+    with meter.running():
+        clock.now += 1.0  # a quiet round
+    began = meter.mark()
+    with meter.running():
+        clock.now += 1.0
+        clock.wait(0.5)  # a busy one
+    assert meter.contended(since=began) and meter.contended()
+    meter.discard(began)
+    assert not meter.contended() and (meter.wall, meter.waited) == (1.0, 0.0)
+    with meter.running():
+        clock.now += 1.0
+    assert not meter.contended(since=began)
+
+
 def test_a_wait_of_the_contended_share_is_contended():
     clock = Clock()
     meter = _meter(clock)
