@@ -267,7 +267,8 @@ class InPlaceTrial:
                 if self.chosen is not None:
                     trial_slot.TRIAL_SLOT.release(self)
                     return self.chosen(*args)
-                if ON_INDUCTOR not in self.sides:  # inductor's round starts with the call that compiles it
+                if ON_INDUCTOR in self.timing and ON_INDUCTOR not in self.sides:
+                    # inductor's round starts with the call that compiles it
                     return self._compile_on_inductor(args)
                 self._untimed()  # and another round with the next call
                 return self.sides[self.leader or AS_ROUTED](*args)
