@@ -787,3 +787,32 @@ def test_a_benchmark_child_never_sees_the_users_dispatch_settings(monkeypatch, t
     assert report == [], error
     report, _ = marked_report("env_probe", [], "ENV ", timeout=60, env={**os.environ})
     assert "DISPATCH_ROUTE" in report  # an explicit environment is passed as given
+
+
+def test_a_zoo_cells_log_shows_where_the_trials_left_auto_s_regions(monkeypatch, tmp_path, capsys):
+    # Read only after the first call, the log never said why a trial ended where
+    # it did (hf_roberta as traced in one zoo run, 1.35x inductor's time).
+    import io
+    import types
+
+    import torch
+
+    from benchmarks import warm_up
+    from benchmarks.zoo import worker
+    from dispatch.graph_trial import IN_PLACE, LONGEST_TRIAL_CALLS
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    tiny = types.SimpleNamespace(build=lambda: (model, (torch.randn(8, 16),)))
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "DISPATCH_CACHE_DIR"):
+        monkeypatch.setenv(variable, str(tmp_path))  # restored after the test
+    monkeypatch.setattr(worker, "EVERY_MODEL", {"tiny": tiny})
+    monkeypatch.setattr(warm_up, "WARM_UP_CALLS", LONGEST_TRIAL_CALLS + 2)
+    monkeypatch.setattr("sys.stdin", io.StringIO("go\n2\nquit\n"))
+    monkeypatch.setattr("sys.__stdout__", io.StringIO())
+    torch._dynamo.reset()
+    worker.main("tiny", "auto", "infer", "cpu", "float32", str(tmp_path))
+    log = capsys.readouterr().err
+    first, _, after = log.partition(f"After {LONGEST_TRIAL_CALLS + 2} calls of warm-up and the timed calls:")
+    assert "onnxrt_cpu_0" in first and f"{IN_PLACE}" not in first  # the table after the first call
+    assert f"onnxrt_cpu_0 [inference]: {IN_PLACE} as routed " in after, after

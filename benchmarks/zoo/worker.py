@@ -199,6 +199,9 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
     context = torch.no_grad() if mode == "infer" else torch.enable_grad()
     with context, redirect_stdout(sys.stderr):  # the model's prints stay off the answers
         warm_up = serve_timing_requests(fn, sync, sys.__stdout__)
+    if column == "auto" and warm_up:  # the cell's log: where the trials left each region, and why
+        print(f"After {warm_up['warm_up_calls']} calls of warm-up and the timed calls:", file=sys.stderr)
+        print(region_table([r for p in plans for r in p.regions]), file=sys.stderr)
     # The routes as they run now: a trial may have moved regions since the first call.
     final = {"peak_rss_mb": _peak_mb(device), **warm_up, "routes": _routes(plans)}
     if warm_up:  # after the peak is read: the check holds copies of the model
