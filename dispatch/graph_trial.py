@@ -111,9 +111,9 @@ ROUND_CALLS = 2 * BLOCK_LENGTH * TIMED_BLOCKS + 1
 # read ORT at 5.05 ms, as traced 3.62 and plain inductor 3.09, and kept plain
 # inductor (1075 µs a call on the quiet machine, against 360 on ORT; Xeon).
 # With two busy processes through its first round alone (AMD EPYC, 2 cores),
-# the round timed again read ORT at 507-546 µs and as traced 2.10-2.13 ms, and
-# the decision was cached; before, it was taken on the busy round (3.22 against
-# 5.66 ms) and the next process timed it again.
+# the round timed again read ORT at 460-615 µs and as traced 1.94-2.29 ms (four
+# processes), and the decision was cached; before, it was taken on the busy
+# round (3.22 against 5.66 ms) and the next process timed it again.
 CONTENDED_RETIMES = 1
 #: the calls one graph's trial takes at most: against the traced graph, then inductor's rounds
 LONGEST_TRIAL_CALLS = ROUTED_FIRST_CALLS + ROUND_CALLS * (2 + EXTRA_INDUCTOR_ROUNDS + CONTENDED_RETIMES)
