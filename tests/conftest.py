@@ -142,12 +142,22 @@ def quiet_cpus(monkeypatch):
 
 @pytest.fixture
 def busy_cpus(monkeypatch):
-    """Every thread waits half the wall time for a CPU: other work holds them."""
+    """Every thread waits half the wall time for a CPU: other work holds them,
+    until the test sets the returned state's ``busy`` to False (no more waits)."""
     import time
+    import types
 
     import dispatch.cpu_contention as cpu_contention
 
-    monkeypatch.setattr(cpu_contention, "thread_wait", lambda tid: int(time.perf_counter() * 0.5e9))
+    state = types.SimpleNamespace(busy=True, waited=0)
+
+    def thread_wait(tid):
+        if state.busy:
+            state.waited = int(time.perf_counter() * 0.5e9)
+        return state.waited
+
+    monkeypatch.setattr(cpu_contention, "thread_wait", thread_wait)
+    return state
 
 
 @pytest.fixture

@@ -227,22 +227,10 @@ def test_a_trial_timed_on_busy_cpus_is_applied_and_timed_again_by_the_next_proce
 
 
 @torch.no_grad()
-def test_a_round_timed_while_other_work_held_the_cpus_is_timed_again(ort_costs, monkeypatch):
+def test_a_round_timed_while_other_work_held_the_cpus_is_timed_again(ort_costs, monkeypatch, busy_cpus):
     # Another process takes the cores for the first round alone, slowing ORT's
     # pool more than the traced graph's ops: judged on that round, the traced
     # graph served the process from then on.
-    import time
-
-    import dispatch.cpu_contention as cpu_contention
-
-    busy, waited = [True], [0]
-
-    def thread_wait(tid):
-        if busy[0]:  # half the wall time waiting for a CPU, as ``busy_cpus``
-            waited[0] = int(time.perf_counter() * 0.5e9)
-        return waited[0]
-
-    monkeypatch.setattr(cpu_contention, "thread_wait", thread_wait)
     compiles = []
     real_compile = trial_inductor.InductorSide.compile
 
@@ -255,7 +243,7 @@ def test_a_round_timed_while_other_work_held_the_cpus_is_timed_again(ort_costs, 
     model, x = small(), torch.randn(8, 16)
     compiled, graphs = _compiled(model)
     _calls(compiled, model, x, TRIAL_LENGTH - 1)
-    busy[0], ort_costs[0] = False, 1e-3  # the other work ends with the round
+    busy_cpus.busy, ort_costs[0] = False, 1e-3  # the other work ends with the round
     _calls(compiled, model, x, TIMED_LENGTH + 4)
     (region,) = _regions(graphs)
     assert region.route == "onnxrt", region.measured
