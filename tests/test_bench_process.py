@@ -814,5 +814,5 @@ def test_a_zoo_cells_log_shows_where_the_trials_left_auto_s_regions(monkeypatch,
     worker.main("tiny", "auto", "infer", "cpu", "float32", str(tmp_path))
     log = capsys.readouterr().err
     first, _, after = log.partition(f"After {LONGEST_TRIAL_CALLS + 2} calls of warm-up and the timed calls:")
-    assert "onnxrt_cpu_0" in first and f"{IN_PLACE}" not in first  # the table after the first call
+    assert "onnxrt_cpu_0" in first and IN_PLACE not in first  # the table after the first call
     assert f"onnxrt_cpu_0 [inference]: {IN_PLACE} as routed " in after, after

@@ -129,9 +129,14 @@ def _loaded() -> None:
     collect_set_up_garbage()
 
 
+def _regions(plans) -> list:
+    """The recorded plans' regions, as they run now (a trial may move them)."""
+    return [r for p in plans for r in p.regions]
+
+
 def _routes(plans) -> list[str]:
-    """The routes the recorded plans' regions run on now (a trial may move them)."""
-    return sorted({r.route for p in plans for r in p.regions})
+    """The routes the recorded plans' regions run on now."""
+    return sorted({r.route for r in _regions(plans)})
 
 
 def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_dir: str | None) -> None:
@@ -178,7 +183,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
                     del out  # a held output keeps a CUDA graph tree from replaying its recording
             report["routes"] = _routes(plans)
             if column == "auto":  # for the cell's log (run.py --logs): what ran where, and why
-                print(region_table([r for p in plans for r in p.regions]), file=sys.stderr)
+                print(region_table(_regions(plans)), file=sys.stderr)
             report["ok"] = report["accurate"]
             if not report["accurate"]:
                 report["error"] = (
@@ -201,7 +206,7 @@ def main(name: str, column: str, mode: str, device: str, dtype_name: str, cache_
         warm_up = serve_timing_requests(fn, sync, sys.__stdout__)
     if column == "auto" and warm_up:  # the cell's log: where the trials left each region, and why
         print(f"After {warm_up['warm_up_calls']} calls of warm-up and the timed calls:", file=sys.stderr)
-        print(region_table([r for p in plans for r in p.regions]), file=sys.stderr)
+        print(region_table(_regions(plans)), file=sys.stderr)
     # The routes as they run now: a trial may have moved regions since the first call.
     final = {"peak_rss_mb": _peak_mb(device), **warm_up, "routes": _routes(plans)}
     if warm_up:  # after the peak is read: the check holds copies of the model
