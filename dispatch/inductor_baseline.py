@@ -41,6 +41,7 @@ from .capture_check import CaptureCheck, CaptureRecord
 from .config import Config
 from .errors import DispatchError, error_line
 from .inductor_isa import probe_vector_isas
+from .inductor_keys import answer_source_keys
 from .inductor_lead import CUDAGRAPHS, INDUCTOR, InductorLead
 from .inspect import (
     GRAPH_BACKWARD,
@@ -145,6 +146,7 @@ def _compile_fx(
     from torch._inductor.compile_fx import compile_fx
 
     probe_vector_isas(current_cache(), example_inputs)
+    answer_source_keys(current_cache())
     patches: dict[str, Any] = {"triton.cudagraphs": lead.capture}
     if fingerprint is not None:
         patches["post_grad_custom_post_pass"] = fingerprint_pass(fingerprint)
