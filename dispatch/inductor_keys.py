@@ -72,13 +72,15 @@ def _answer_once(root: Path) -> None:
 
 
 def _answer(cache: ArtifactCache, name: str, key_fn: Any, paths: list[str]) -> None:
-    record_key = hashlib.sha256(
-        json.dumps([name, install_key(), files_signature(paths)]).encode()
-    ).hexdigest()
-    stored = cache.get_json(KIND, record_key)
-    if isinstance(stored, dict) and "value" in stored:
+    try:
+        signature = files_signature(paths)
+    except OSError:  # a folder this process cannot read: inductor hashes what it can, as it does
+        return
+    record_key = hashlib.sha256(json.dumps([name, install_key(), signature]).encode()).hexdigest()
+    recorded = _decoded(cache.get_json(KIND, record_key))
+    if recorded is not None:
         with contextlib.suppress(RuntimeError):  # this process has the key already
-            key_fn.set(_decoded(stored))
+            key_fn.set(recorded)
         return
     try:
         value = key_fn()
@@ -94,8 +96,19 @@ def _encoded(value: bytes | str) -> dict[str, str]:
     return {"type": "str", "value": value}
 
 
-def _decoded(stored: dict[str, str]) -> bytes | str:
-    return bytes.fromhex(stored["value"]) if stored.get("type") == "bytes" else stored["value"]
+def _decoded(stored: Any) -> bytes | str | None:
+    """The key ``_encoded`` wrote; None for no record, or one that is not such
+    (then the key is computed and recorded again)."""
+    if not isinstance(stored, dict) or not isinstance(stored.get("value"), str):
+        return None
+    if stored.get("type") == "str":
+        return stored["value"]
+    if stored.get("type") == "bytes":
+        try:
+            return bytes.fromhex(stored["value"])
+        except ValueError:
+            return None
+    return None
 
 
 def files_signature(paths: list[str]) -> str:

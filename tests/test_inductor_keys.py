@@ -126,3 +126,19 @@ def test_a_fresh_process_is_given_the_keys_the_first_computed(tmp_path):
     assert first["COMPUTED"] != "[]"  # torch's key at least, as inductor computes it
     assert second["COMPUTED"] == "[]"
     assert (second["TORCH"], second["TRITON"]) == (first["TORCH"], first["TRITON"])
+
+
+def test_a_malformed_record_is_computed_and_recorded_again(tmp_path, monkeypatch):
+    pkg = _tree(tmp_path)
+    cache = ArtifactCache(tmp_path / "cache")
+    _answer(cache, "pkg", _key_fn(b"first", []), [str(pkg)])
+    real_get = cache.get_json
+    monkeypatch.setattr(cache, "get_json", lambda kind, key: {"type": "bytes", "value": "not hex"})
+    calls: list[bytes] = []
+    again = _key_fn(b"computed", calls)
+    _answer(cache, "pkg", again, [str(pkg)])
+    assert again() == b"computed" and calls == [b"computed"]
+    monkeypatch.setattr(cache, "get_json", real_get)
+    later = _key_fn(b"unused", [])
+    _answer(cache, "pkg", later, [str(pkg)])
+    assert later() == b"computed"  # the record was written anew
