@@ -140,7 +140,8 @@ def _stats(paths: list[str]) -> Iterator[tuple[str, int, int]]:
 def _package_files(folder: str) -> Iterator[tuple[str, int, int]]:
     yield from _folder_files(folder, lambda name: name.endswith(_MODULE_SUFFIXES))
     with os.scandir(folder) as entries:
-        subfolders = sorted(e.path for e in entries if e.is_dir(follow_symlinks=False))
+        # Links followed, as pkgutil follows them into a linked package.
+        subfolders = sorted(e.path for e in entries if e.is_dir())
     for sub in subfolders:
         if _is_package(sub):
             yield from _package_files(sub)
@@ -148,10 +149,10 @@ def _package_files(folder: str) -> Iterator[tuple[str, int, int]]:
 
 def _folder_files(folder: str, wanted: Callable[[str], bool]) -> Iterator[tuple[str, int, int]]:
     with os.scandir(folder) as entries:
-        files = sorted((e.path, e) for e in entries if e.is_file() and wanted(e.name))
-    for path, entry in files:
-        st = entry.stat()
-        yield path, st.st_size, st.st_mtime_ns
+        files = sorted((e for e in entries if e.is_file() and wanted(e.name)), key=lambda e: e.path)
+    for entry in files:
+        st = entry.stat()  # a link's target: an edit there moves its time
+        yield entry.path, st.st_size, st.st_mtime_ns
 
 
 def _is_package(folder: str) -> bool:

@@ -142,3 +142,15 @@ def test_a_malformed_record_is_computed_and_recorded_again(tmp_path, monkeypatch
     later = _key_fn(b"unused", [])
     _answer(cache, "pkg", later, [str(pkg)])
     assert later() == b"computed"  # the record was written anew
+
+
+def test_an_edit_inside_a_linked_package_changes_the_signature(tmp_path):
+    pkg = _tree(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "__init__.py").write_text("")
+    (elsewhere / "mod.py").write_text("z = 3\n")
+    (pkg / "linked").symlink_to(elsewhere, target_is_directory=True)  # pkgutil walks into it too
+    before = files_signature([str(pkg)])
+    (elsewhere / "mod.py").write_text("z = 30\n")
+    assert files_signature([str(pkg)]) != before
