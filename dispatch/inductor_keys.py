@@ -30,7 +30,8 @@ import hashlib
 import importlib.machinery
 import json
 import os
-from collections.abc import Callable, Iterator
+import stat
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ KIND = "inductor-source-keys"
 TORCH_EXTRA_FILES = ("_inductor/codegen/aoti_runtime/interface.cpp", "_inductor/script.ld")
 
 _MODULE_SUFFIXES = tuple(importlib.machinery.all_suffixes())
+_INIT_NAMES = frozenset("__init__" + s for s in _MODULE_SUFFIXES)
 
 
 def answer_source_keys(cache: ArtifactCache | None) -> None:
@@ -129,35 +131,41 @@ def _stats(paths: list[str]) -> Iterator[tuple[str, int, int]]:
         except OSError:
             yield path, -1, -1  # absent: a file that appears later changes the signature
             continue
-        if not os.path.isdir(path):
+        if not stat.S_ISDIR(st.st_mode):
             yield path, st.st_size, st.st_mtime_ns
-        elif _is_package(path):
-            yield from _package_files(path)
+            continue
+        entries = _entries(path)
+        if _is_package(entries):
+            yield from _package_files(entries)
         else:
-            yield from _folder_files(path, lambda _: True)
+            yield from _file_stats(e for e in entries if e.is_file())
 
 
-def _package_files(folder: str) -> Iterator[tuple[str, int, int]]:
-    yield from _folder_files(folder, lambda name: name.endswith(_MODULE_SUFFIXES))
-    with os.scandir(folder) as entries:
-        # Links followed, as pkgutil follows them into a linked package.
-        subfolders = sorted(e.path for e in entries if e.is_dir())
-    for sub in subfolders:
-        if _is_package(sub):
-            yield from _package_files(sub)
+def _package_files(entries: list[os.DirEntry[str]]) -> Iterator[tuple[str, int, int]]:
+    """The module files of the package whose folder holds ``entries``, then those
+    of each package below it; each folder is listed once."""
+    yield from _file_stats(e for e in entries if e.is_file() and e.name.endswith(_MODULE_SUFFIXES))
+    # Links followed, as pkgutil follows them into a linked package.
+    for sub in (e for e in entries if e.is_dir()):
+        sub_entries = _entries(sub.path)
+        if _is_package(sub_entries):
+            yield from _package_files(sub_entries)
 
 
-def _folder_files(folder: str, wanted: Callable[[str], bool]) -> Iterator[tuple[str, int, int]]:
-    with os.scandir(folder) as entries:
-        files = sorted((e for e in entries if e.is_file() and wanted(e.name)), key=lambda e: e.path)
+def _entries(folder: str) -> list[os.DirEntry[str]]:
+    with os.scandir(folder) as listing:
+        return sorted(listing, key=lambda e: e.name)
+
+
+def _file_stats(files: Iterable[os.DirEntry[str]]) -> Iterator[tuple[str, int, int]]:
     for entry in files:
         st = entry.stat()  # a link's target: an edit there moves its time
         yield entry.path, st.st_size, st.st_mtime_ns
 
 
-def _is_package(folder: str) -> bool:
+def _is_package(entries: list[os.DirEntry[str]]) -> bool:
     # As pkgutil finds packages: a folder with an ``__init__`` module of any suffix.
-    return any(os.path.isfile(os.path.join(folder, "__init__" + s)) for s in _MODULE_SUFFIXES)
+    return any(e.name in _INIT_NAMES and e.is_file() for e in entries)
 
 
 def _triton_root() -> str | None:
