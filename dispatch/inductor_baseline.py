@@ -36,13 +36,12 @@ import torch
 import torch.fx
 from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module
 
-from .cache import current_cache, inductor_cache, trusted_root
+from .cache import inductor_cache, trusted_root
 from .capture_check import CaptureCheck, CaptureRecord
 from .config import Config
 from .errors import DispatchError, error_line
-from .inductor_isa import probe_vector_isas
-from .inductor_keys import answer_source_keys
 from .inductor_lead import CUDAGRAPHS, INDUCTOR, InductorLead
+from .inductor_start import prepare_inductor
 from .inspect import (
     GRAPH_BACKWARD,
     GRAPH_FORWARD,
@@ -145,8 +144,7 @@ def _compile_fx(
     AOTAutograd's cache serves it only where ``fingerprint`` keys its entries."""
     from torch._inductor.compile_fx import compile_fx
 
-    probe_vector_isas(current_cache(), example_inputs)
-    answer_source_keys(current_cache())
+    prepare_inductor(example_inputs)
     patches: dict[str, Any] = {"triton.cudagraphs": lead.capture}
     if fingerprint is not None:
         patches["post_grad_custom_post_pass"] = fingerprint_pass(fingerprint)

@@ -28,11 +28,9 @@ import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .autotune import check_close
-from .cache import current_cache
 from .config import Config
 from .errors import error_line
-from .inductor_isa import probe_vector_isas
-from .inductor_keys import answer_source_keys
+from .inductor_start import prepare_inductor
 from .routes import CompiledFn
 from .routes.inductor import compiled_per_shape_class
 from .stitch import FallbackWarning
@@ -69,8 +67,7 @@ def compile_plain(traced: torch.fx.GraphModule, args: Sequence[Any], config: Con
 
     def compile_fakes(fakes: list[Any], call_args: Sequence[Any]) -> CompiledFn:
         with compiling_whole_graph(config):
-            probe_vector_isas(current_cache(), call_args)
-            answer_source_keys(current_cache())
+            prepare_inductor(call_args)
             _in_canonical_order(traced)
             compiled = compile_fx(traced, fakes)
         assert callable(compiled), f"inductor returned {type(compiled).__name__}, not a program"

@@ -29,8 +29,7 @@ import torch.fx
 
 from ..aoti_load_check import check_package_loads, needs_load_check
 from ..cache import current_cache
-from ..inductor_isa import probe_vector_isas
-from ..inductor_keys import answer_source_keys
+from ..inductor_start import prepare_inductor
 from ..inspect import META_EXAMPLE_VALUE, META_VAL
 from .base import Availability, CompiledFn, PreprocessResult, RegionProgram, Route, op_handles
 from .onnx_guards import ShapeClasses, over_args
@@ -51,8 +50,7 @@ class InductorRoute(Route):
     def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
         from torch._inductor import compile as inductor_compile
 
-        probe_vector_isas(current_cache(), example_inputs)
-        answer_source_keys(current_cache())
+        prepare_inductor(example_inputs)
         placeholders = gm.graph.find_nodes(op="placeholder")
         return compiled_per_shape_class(
             placeholders, example_inputs, lambda fakes, _: inductor_compile(gm, fakes), gm
